@@ -1,0 +1,97 @@
+"""Shared fixtures: one real cluster per session, and a process-leak check.
+
+TensorFlow processes cost ~5 s and ~0.35 GB each here, so tests share a
+session-scoped cluster wherever they can; tests that must start their own
+processes are checked afterwards for anything left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable
+
+import psutil
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Spares are tested on purpose where they matter; elsewhere they would only
+# add background imports to every test's CPU load.
+os.environ.setdefault("TFMAGIC_SPARES", "0")
+
+
+def poll_for(predicate: Callable[[], object], timeout: float = 30.0, interval: float = 0.05, what: str = "condition"):
+    """Wait until ``predicate()`` is truthy and return it; fail with ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
+def task_processes() -> dict[int, str]:
+    """Every tfmagic task process on this machine: pid -> command line."""
+    found = {}
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmd = proc.info.get("cmdline") or []
+        if "tfmagic.task_main" in cmd:
+            found[proc.info["pid"]] = " ".join(cmd)
+    return found
+
+
+def assert_gone(pids, timeout: float = 15.0) -> None:
+    """Every pid in ``pids`` ends within ``timeout`` (zombies count as gone)."""
+
+    def all_gone():
+        for pid in pids:
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    return False
+            except psutil.NoSuchProcess:
+                pass
+        return True
+
+    poll_for(all_gone, timeout, what=f"processes {sorted(pids)} to end")
+
+
+@pytest.fixture(scope="session")
+def local_cluster():
+    """A 1 ps + 2 worker cluster shared by the whole session."""
+    import tfmagic
+
+    cluster = tfmagic.LocalCluster(ps=1, workers=2, name="session", spares=False)
+    cluster.start()
+    yield cluster
+    pids = [p.pid for p in cluster.procs.values()]
+    cluster.close()
+    assert_gone(pids)
+
+
+@pytest.fixture
+def no_leaks(request):
+    """Fail the test if it leaves task processes behind (besides shared fixtures)."""
+    before = set(task_processes())
+    yield
+    from tfmagic import owner
+
+    shared = set()
+    if "local_cluster" in request.fixturenames:
+        shared |= {p.pid for p in request.getfixturevalue("local_cluster").procs.values()}
+
+    def leftovers():
+        return {pid: cmd for pid, cmd in task_processes().items() if pid not in before | shared}
+
+    try:
+        poll_for(lambda: not leftovers(), 15, what="task processes started by the test to end")
+    except AssertionError:
+        left = leftovers()
+        for pid in left:  # clean up so one failure does not cascade
+            try:
+                psutil.Process(pid).kill()
+            except psutil.NoSuchProcess:
+                pass
+        raise AssertionError(f"test left task processes behind: {left}")
+    assert not [p for p in owner.processes() if p.pid not in shared and p.pid not in before]

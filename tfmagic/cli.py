@@ -1,0 +1,30 @@
+"""The ``tfmagic`` command: ``tfmagic demo`` runs the main job end to end."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tfmagic", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="start a local cluster, train on it, print the results, stop")
+    demo.add_argument("--ps", type=int, default=1)
+    demo.add_argument("--workers", type=int, default=2)
+    demo.add_argument("--steps", type=int, default=300)
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        from . import demo as demo_mod
+        from .errors import TfmagicError
+
+        try:
+            return demo_mod.run(ps=args.ps, workers=args.workers, steps=args.steps)
+        except TfmagicError as exc:
+            print(f"tfmagic demo: {exc}", file=sys.stderr)
+            return 2
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

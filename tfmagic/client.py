@@ -1,0 +1,83 @@
+"""This process as a client of a cluster (the notebook kernel, or a script).
+
+``experimental_connect_to_cluster`` is process-wide state in TensorFlow, so it
+lives here, in one place: which cluster we are connected to, and renewing the
+connection when a task was restarted (a restarted task answers ``Unable to
+find a context_id`` until the client connects again).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Iterator
+
+from .spec import ClusterDef, TaskName
+
+_lock = threading.RLock()
+_connected: tuple[int, tuple] | None = None  # (cluster id, frozen spec)
+_generation = 0
+
+
+def _frozen(defn: ClusterDef) -> tuple:
+    return tuple((job, tuple(addrs)) for job, addrs in defn.jobs.items())
+
+
+def resolver(defn: ClusterDef):
+    """A cluster resolver that ``ParameterServerStrategy`` accepts as is.
+
+    ``rpc_layer="grpc"`` matters: without it remote devices silently do not
+    appear after connecting.
+    """
+    import tensorflow as tf
+
+    return tf.distribute.cluster_resolver.SimpleClusterResolver(defn.to_tf(), rpc_layer="grpc")
+
+
+def connect(owner_id: int, defn: ClusterDef, *, force: bool = False) -> bool:
+    """Make this process a client of the cluster; returns whether it (re)connected.
+
+    Connecting again to the same cluster is a no-op unless ``force`` (used
+    after a task restart).  The client joins as job ``localhost``, outside the
+    cluster's own spec, and keeps its own CPU as the default device.
+    """
+    global _connected, _generation
+    key = (owner_id, _frozen(defn))
+    with _lock:
+        if _connected == key and not force:
+            return False
+        import tensorflow as tf
+
+        tf.config.experimental_connect_to_cluster(
+            resolver(defn), make_master_device_default=False
+        )
+        _connected = key
+        _generation += 1
+        return True
+
+
+def is_connected(owner_id: int) -> bool:
+    return _connected is not None and _connected[0] == owner_id
+
+
+def forget(owner_id: int) -> None:
+    """Note that the cluster ``owner_id`` is gone (its servers were stopped)."""
+    global _connected
+    with _lock:
+        if _connected is not None and _connected[0] == owner_id:
+            _connected = None
+
+
+def generation() -> int:
+    """Increases each time the connection is (re)made; remote handles from an
+    older generation are no longer valid."""
+    return _generation
+
+
+@contextlib.contextmanager
+def on_task(task: TaskName) -> Iterator[str]:
+    """Place the ops created inside on ``task`` (TF's ``tf.device``)."""
+    import tensorflow as tf
+
+    with tf.device(task.device):
+        yield task.device

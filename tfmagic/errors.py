@@ -1,0 +1,49 @@
+"""The exceptions tfmagic raises.
+
+Every message says what happened, shows the evidence (task, pid, port, the
+last lines of its log) and what to do next, because the person reading it is
+usually in the middle of a notebook and cannot go digging for a log file.
+The magics turn these into one red line; scripts get an ordinary exception.
+"""
+
+from __future__ import annotations
+
+
+class TfmagicError(Exception):
+    """Base class of every error tfmagic raises on purpose."""
+
+
+class BadTaskName(TfmagicError, ValueError):
+    """A task name that is not ``job:index`` or ``/job:NAME/task:INDEX``."""
+
+
+class UnknownTask(TfmagicError, KeyError):
+    """A well-formed task name that the cluster does not have."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class BadClusterShape(TfmagicError, ValueError):
+    """Counts of ps/workers that cannot make a cluster."""
+
+
+class NoCluster(TfmagicError):
+    """An action needs a running cluster and there is none."""
+
+
+class ClusterRunning(TfmagicError):
+    """A start was asked for while a cluster of another shape runs."""
+
+
+class ClusterStartError(TfmagicError):
+    """A task did not come up; carries the task and the tail of its log."""
+
+    def __init__(self, message: str, task: str | None = None, log_tail: str = ""):
+        super().__init__(message)
+        self.task = task
+        self.log_tail = log_tail
+
+
+class TaskLost(TfmagicError):
+    """A task process ended while something depended on it."""

@@ -1,0 +1,370 @@
+"""IPython magics: ``%tf_cluster`` and ``%%tf_device``.
+
+A thin layer: parse the line, call the plain-Python API, render the result.
+Bad input becomes one ``UsageError`` line saying what was wrong and what to
+do; nothing here changes a running cluster before the input is known good.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.display import HTML, display
+
+from . import cluster as cluster_mod
+from . import owner
+from .cluster import LocalCluster, current_cluster, set_current
+from .errors import ClusterStartError, TfmagicError
+from .pool import default_pool, parse_bytes
+from .procstats import human_bytes, human_seconds
+from .spec import ClusterShape, TaskName
+
+ACTIONS = ("start", "stop", "status", "logs", "spec", "spares")
+
+
+def _count(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a whole number; give a count such as 2"
+        ) from None
+
+
+class _ShownAbove(Exception):
+    """Marks a cell as failed whose own error was already shown above it."""
+
+    def __init__(self, note: str):
+        super().__init__(note)
+        self.note = note
+
+    def _render_traceback_(self) -> list[str]:
+        return [self.note]
+
+
+class StartProgress:
+    """What a notebook shows while a cluster comes up: one row per task."""
+
+    def __init__(self, tasks: list[TaskName]):
+        self.rows = {str(t): ("waiting", "") for t in tasks}
+        self.t0 = time.monotonic()
+        self.title = "starting cluster"
+
+    def update(self, task: str, stage: str, detail: str) -> None:
+        if task in self.rows:
+            self.rows[task] = (stage, detail)
+
+    def __repr__(self) -> str:
+        lines = [f"{self.title} ({time.monotonic() - self.t0:.1f} s)"]
+        lines += [f"  {t:10s} {s:9s} {d}" for t, (s, d) in self.rows.items()]
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        import html
+
+        icon = {"up": "&#9989;", "failed": "&#10060;"}
+        rows = "".join(
+            f"<tr><td>{icon.get(s, '&#8987;')}</td><td><code>{html.escape(t)}</code></td>"
+            f"<td>{html.escape(s)}</td><td>{html.escape(d)}</td></tr>"
+            for t, (s, d) in self.rows.items()
+        )
+        return (
+            f"<div><b>{html.escape(self.title)}</b> ({time.monotonic() - self.t0:.1f} s)"
+            f"<table>{rows}</table></div>"
+        )
+
+
+@magics_class
+class TfMagics(Magics):
+    """``%tf_cluster`` manages the cluster; ``%%tf_device`` runs a cell on one task."""
+
+    @property
+    def in_notebook(self) -> bool:
+        return getattr(self.shell, "kernel", None) is not None
+
+    # -- %tf_cluster -------------------------------------------------------
+    @magic_arguments()
+    @argument("action", nargs="?", default="status", help="start | stop | status | logs | spec | spares")
+    @argument("task", nargs="?", help="for logs: the task, e.g. worker:1; for spares: a memory budget such as 2GB, off or auto")
+    @argument("--ps", type=_count, default=None, help="number of parameter-server tasks (default 1; 0 for a worker-only cluster)")
+    @argument("--workers", type=_count, default=None, help="number of worker tasks (default 2)")
+    @argument("--replace", action="store_true", help="stop the running cluster and start this one")
+    @argument("--gpus", default=None, help="CUDA_VISIBLE_DEVICES per worker, separated by '/': '0/1' gives worker:0 GPU 0 and worker:1 GPU 1; ps tasks always get no GPU")
+    @argument("--no-spares", action="store_true", help="spawn every task fresh instead of taking warm spare processes")
+    @argument("--timeout", type=float, default=None, help="seconds to wait for every task to come up (default 120)")
+    @argument("--all-interfaces", action="store_true", help="let task servers listen on every network interface (default: loopback only)")
+    @argument("--tail", type=_count, default=50, help="for logs: how many lines (0 for all)")
+    @line_magic
+    def tf_cluster(self, line: str = ""):
+        """Start, inspect and stop a local TensorFlow cluster.
+
+        Examples::
+
+            %tf_cluster start --ps 1 --workers 2   # one ps, two workers on this machine
+            %tf_cluster status                     # tasks, pids, CPU, memory (PSS/RSS)
+            %tf_cluster logs worker:1 --tail 20    # the last lines a task wrote
+            %tf_cluster spec                       # ClusterSpec and each task's TF_CONFIG
+            %tf_cluster stop                       # stop every task (spares stay warm)
+            %tf_cluster spares 1GB                 # memory for warm spares (off, auto)
+
+        Then ``%%tf_device worker:1`` runs a cell's ops on a task.
+        """
+        args = parse_argstring(self.tf_cluster, line)
+        if args.action not in ACTIONS:
+            raise UsageError(
+                f"unknown subcommand {args.action!r}; use one of {', '.join(ACTIONS)} "
+                "(see %tf_cluster?)"
+            )
+        try:
+            return getattr(self, "_cluster_" + args.action)(args)
+        except TfmagicError as exc:
+            raise UsageError(str(exc)) from None
+
+    def _need_cluster(self, what: str):
+        cluster = current_cluster()
+        if cluster is None or not cluster.running:
+            raise UsageError(f"no cluster is running, so there is nothing to {what}; start one with %tf_cluster start")
+        return cluster
+
+    def _cluster_start(self, args):
+        shape = ClusterShape(
+            ps=1 if args.ps is None else args.ps,
+            workers=2 if args.workers is None else args.workers,
+        )
+        gpus = args.gpus.split("/") if args.gpus else None
+        if gpus is not None and len(gpus) not in (1, shape.workers):
+            raise UsageError(
+                f"--gpus has {len(gpus)} entries for {shape.workers} workers; "
+                "give one per worker separated by '/', or one for all"
+            )
+        running = current_cluster()
+        if running is not None and running.running:
+            if running.shape == shape and not args.replace:
+                age = human_seconds(time.time() - (running.started_at or time.time()))
+                print(
+                    f"Reusing the running cluster {running.name} ({shape.describe()}, up {age}); "
+                    "%tf_cluster stop ends it, --replace starts a fresh one."
+                )
+                return None
+            if not args.replace:
+                flags = f"--ps {shape.ps} --workers {shape.workers}"
+                raise UsageError(
+                    f"a cluster of another shape is running ({running.shape.describe()}); "
+                    f"stop it first (%tf_cluster stop) or replace it: %tf_cluster start {flags} --replace"
+                )
+            running.stop()
+            set_current(None)
+        cluster = LocalCluster(
+            ps=shape.ps,
+            workers=shape.workers,
+            worker_gpus=(gpus[0] if gpus and len(gpus) == 1 else gpus),
+            spares=not args.no_spares,
+            loopback_only=not args.all_interfaces,
+            **({"start_timeout": args.timeout} if args.timeout else {}),
+        )
+        view = StartProgress(shape.tasks())
+        handle = display(view, display_id=True) if self.in_notebook else None
+
+        def progress(task: str, stage: str, detail: str) -> None:
+            view.update(task, stage, detail)
+            if handle is not None:
+                handle.update(view)
+            else:
+                print(f"  {task:10s} {stage:9s} {detail}", flush=True)
+
+        try:
+            outcome = cluster.start(progress=progress)
+        except ClusterStartError as exc:
+            view.title = "cluster failed to start"
+            if exc.task:
+                view.update(exc.task, "failed", "see below")
+            if handle is not None:
+                handle.update(view)
+            if exc.log_tail:
+                print(f"--- last lines of {exc.task}'s log ---\n{exc.log_tail}", file=sys.stderr)
+            raise UsageError(str(exc)) from None
+        except KeyboardInterrupt:
+            print("Start interrupted; the tasks started so far were stopped.", file=sys.stderr)
+            return None
+        set_current(cluster)
+        view.title = f"cluster {cluster.name} is up"
+        if handle is not None:
+            handle.update(view)
+        how = f"{outcome.warm} warm spare{'s' if outcome.warm != 1 else ''}, {outcome.cold} new"
+        print(
+            f"Cluster {cluster.name} started: {shape.describe()} in {outcome.seconds:.1f} s ({how}). "
+            f"Use %%tf_device worker:0 to run a cell there."
+        )
+        print(f"Security: {cluster.launcher.security_note()}; once connected, this kernel also "
+              "serves TensorFlow on every interface. See the README's Security section.")
+        return None
+
+    def _cluster_stop(self, args):
+        cluster = current_cluster()
+        if cluster is None or not cluster.running:
+            raise UsageError("no cluster is running, so there is nothing to stop; start one with %tf_cluster start")
+        n = len(cluster.procs)
+        cluster.stop()
+        spares = default_pool().processes()
+        print(
+            f"Stopped cluster {cluster.name} ({n} tasks). "
+            f"{len(spares)} warm spare process{'es' if len(spares) != 1 else ''} kept for the next start"
+            + (" (%tf_cluster spares off frees them)." if spares else ".")
+        )
+
+    def _cluster_status(self, args):
+        cluster = current_cluster()
+        if cluster is None:
+            spares = default_pool().processes()
+            print(f"No cluster is running ({len(spares)} warm spares); start one with %tf_cluster start.")
+            return
+        display(cluster.status())
+
+    def _cluster_logs(self, args):
+        if not args.task:
+            raise UsageError("logs needs a task, for example: %tf_cluster logs worker:1 --tail 20")
+        if args.task in ("kernel", "client"):
+            from . import logfilter
+
+            path = owner.runtime_dir() / "kernel-native.log"
+            from .launchers.local import read_tail
+
+            print(read_tail(str(path), args.tail or None) or f"(nothing logged yet in {path})")
+            return
+        cluster = self._need_cluster("show logs of")
+        task = cluster.check_task(args.task)
+        print(cluster.logs(task, tail=args.tail or None))
+
+    def _cluster_spec(self, args):
+        cluster = self._need_cluster("describe")
+        defn = cluster.cluster_def
+        print("ClusterSpec:")
+        print(json.dumps(defn.as_dict(), indent=2))
+        for task in defn.tasks():
+            print(f"TF_CONFIG for {task}:")
+            print(json.dumps(defn.tf_config(task)))
+
+    def _cluster_spares(self, args):
+        pool = default_pool()
+        if args.task:
+            try:
+                parse_bytes(args.task)
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+            pool.set_budget(args.task)
+        spares = pool.processes()
+        print(
+            f"Spare budget {human_bytes(pool.budget)}; {len(spares)} warm spare process"
+            f"{'es' if len(spares) != 1 else ''} ({human_bytes(sum((cluster_mod.memory_of(p.pid) or {}).get('pss', 0) for p in spares))} PSS)."
+        )
+
+    # -- %%tf_device ---------------------------------------------------------
+    @cell_magic
+    def tf_device(self, line: str, cell: str):
+        """Run the cell with its TensorFlow ops placed on one task of the cluster.
+
+        Usage::
+
+            %%tf_device ps:0
+            w = tf.Variable(0.0)        # the variable lives on the ps
+
+            %%tf_device worker:1        # also /job:worker/task:1
+            y = w * 2.0                 # computed on worker 1
+
+        The kernel is the client; the cell's Python runs here, its ops there.
+        Interrupt the kernel to stop waiting on a task that does not answer.
+        """
+        spec = line.strip()
+        if not spec:
+            raise UsageError("%%tf_device needs a task, for example: %%tf_device worker:1")
+        cluster = current_cluster()
+        if cluster is None or not cluster.running:
+            raise UsageError(
+                f"no cluster is running, so there is no {spec} to run on; start one with %tf_cluster start"
+            )
+        try:
+            task = cluster.check_task(spec)
+            cluster.connect()
+        except TfmagicError as exc:
+            raise UsageError(str(exc)) from None
+        return self._run_on(cluster, task, cell)
+
+    def _run_on(self, cluster, task: TaskName, cell: str):
+        box: dict = {}
+
+        def body() -> None:
+            try:
+                with cluster.device(task):
+                    box["result"] = self.shell.run_cell(cell, store_history=False)
+            except BaseException as exc:  # noqa: BLE001 - reported on the main thread
+                box["error"] = exc
+
+        # The cell runs on a helper thread so that a kernel interrupt reaches
+        # this (main) thread even while TensorFlow blocks inside C++ waiting
+        # for a task: the wait is abandoned and the kernel stays usable.
+        worker = threading.Thread(target=body, name=f"tfmagic-cell-{task}", daemon=True)
+        t0 = time.monotonic()
+        worker.start()
+        try:
+            while worker.is_alive():
+                worker.join(0.1)
+        except KeyboardInterrupt:
+            waited = time.monotonic() - t0
+            raise _ShownAbove(
+                f"Interrupted: the cell waited {waited:.1f} s on {task} and was left running in the "
+                f"background. Ops on {task} queue behind it until it ends; "
+                f"%tf_cluster stop (or restarting {task}) ends it. The kernel is free."
+            ) from None
+        if "error" in box:
+            exc = box["error"]
+            if isinstance(exc, TfmagicError):
+                raise UsageError(str(exc)) from None
+            raise exc
+        result = box.get("result")
+        if result is not None and not result.success:
+            raise _ShownAbove(f"(the cell failed on {task}; its error is shown above)")
+        return None
+
+
+_filter = None
+
+
+def load(ipython) -> None:
+    """Register the magics and keep TensorFlow's C++ log lines out of the notebook."""
+    global _filter
+    ipython.register_magics(TfMagics)
+    default_pool().reopen()
+    import os
+
+    if os.environ.get("TFMAGIC_SHOW_TF_LOGS", "") not in ("1", "true", "yes"):
+        try:
+            from . import logfilter
+
+            _filter = logfilter.install(owner.runtime_dir() / "kernel-native.log")
+        except Exception as exc:  # noqa: BLE001 - the filter is a comfort, never a blocker
+            print(f"tfmagic: TensorFlow's native logs will show here ({exc})", file=sys.stderr)
+
+
+def unload(ipython) -> None:
+    """Stop the cluster and every spare this kernel started; restore stderr."""
+    global _filter
+    cluster = current_cluster()
+    if cluster is not None:
+        cluster.close()
+        set_current(None)
+    default_pool().shutdown()
+    killed = owner.kill_all()
+    if _filter is not None:
+        from . import logfilter
+
+        logfilter.uninstall()
+        _filter = None
+    if killed:
+        print(f"tfmagic: stopped {killed} process{'es' if killed != 1 else ''}.")

@@ -1,0 +1,199 @@
+"""Spare task processes: TensorFlow already imported, waiting for a role.
+
+Importing TensorFlow costs seconds per process and dominates a cluster's
+start.  After a cluster starts, the pool spawns as many spares as that
+cluster has tasks, in the background, so the *next* start (any shape up to
+that size) or a task restart takes warm processes and answers in well under
+a second.
+
+Spares belong to the process that made them: they outlive a cluster's
+``stop`` but never their owner (they end with it like every task, see
+:mod:`tfmagic.owner`).  They cost memory, so the pool keeps within a budget:
+``auto`` (the default) allows a quarter of this machine's memory, at most
+4 GiB, and none at all under 4 GiB (Binder); set a number of bytes, a string
+such as ``"1.5GB"``, or ``0`` to turn spares off
+(``tfmagic.set_spare_budget`` or the ``TFMAGIC_SPARE_BUDGET`` variable).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from itertools import count
+from typing import TYPE_CHECKING
+
+from . import owner
+
+if TYPE_CHECKING:
+    from .launchers.base import Launcher, TaskProcess
+
+#: Memory one spare costs before we have measured one (PSS, measured here:
+#: ~0.35 GB; a little more to stay on the safe side).
+DEFAULT_SPARE_BYTES = 420 * 2**20
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "m": 2**20, "mb": 2**20, "g": 2**30, "gb": 2**30}
+
+
+def parse_bytes(value: "int | float | str | None") -> int | str:
+    """``"1.5GB"`` → bytes; ``None``/``"off"``/``0`` → 0; ``"auto"`` stays ``"auto"``."""
+    if value is None:
+        return 0
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if value < 0:
+            raise ValueError(f"a memory budget cannot be negative ({value})")
+        return int(value)
+    text = str(value).strip().lower()
+    if text in ("auto", ""):
+        return "auto"
+    if text in ("off", "none", "0", "false", "no"):
+        return 0
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kmg]?i?b?)", text)
+    if not m:
+        raise ValueError(
+            f"{value!r} is not a memory size; write it like '1.5GB', '800MB', 0 or 'auto'"
+        )
+    unit = m.group(2).replace("i", "")
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+def memory_limit() -> int:
+    """This machine's memory, or the container's limit when that is lower."""
+    import psutil
+
+    limit = psutil.virtual_memory().total
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = open(path).read().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            limit = min(limit, int(text))
+    return limit
+
+
+def auto_budget() -> int:
+    limit = memory_limit()
+    if limit < 4 * 2**30:
+        return 0
+    return min(limit // 4, 4 * 2**30)
+
+
+class SparePool:
+    """Warm processes per launcher signature, kept within a memory budget."""
+
+    def __init__(self, budget: "int | str | None" = None) -> None:
+        if budget is None:
+            budget = os.environ.get("TFMAGIC_SPARE_BUDGET", "auto")
+        self._budget = parse_bytes(budget)
+        self._lock = threading.Lock()
+        self._spares: list[TaskProcess] = []
+        self._seq = count(1)
+        self._closed = False
+
+    # -- budget ------------------------------------------------------------
+    @property
+    def budget(self) -> int:
+        return auto_budget() if self._budget == "auto" else int(self._budget)
+
+    def set_budget(self, budget: "int | float | str | None") -> None:
+        self._budget = parse_bytes(budget)
+        self.trim()
+
+    def spare_cost(self) -> int:
+        """PSS of one spare, measured on a live spare when there is one."""
+        from .procstats import memory_of
+
+        for proc in self.processes():
+            if proc.warm_at is not None:
+                mem = memory_of(proc.pid)
+                if mem and mem.get("pss"):
+                    return int(mem["pss"])
+        return DEFAULT_SPARE_BYTES
+
+    def capacity(self) -> int:
+        """How many spares the budget allows."""
+        budget = self.budget
+        return 0 if budget <= 0 else budget // self.spare_cost()
+
+    # -- spares ------------------------------------------------------------
+    def processes(self) -> list["TaskProcess"]:
+        with self._lock:
+            self._spares = [p for p in self._spares if p.alive and p.task is None]
+            return list(self._spares)
+
+    def take(self, launcher: "Launcher", n: int) -> list["TaskProcess"]:
+        """Up to ``n`` spares that ``launcher`` could have made, warm ones first."""
+        with self._lock:
+            fit = [
+                p
+                for p in self._spares
+                if p.alive and p.task is None and p.launcher.signature == launcher.signature
+            ]
+            fit.sort(key=lambda p: (p.warm_at is None, p.spawned_at))
+            chosen = fit[:n]
+            self._spares = [p for p in self._spares if p not in chosen]
+        return chosen
+
+    def fill(self, launcher: "Launcher", n: int) -> list["TaskProcess"]:
+        """Spawn spares until ``n`` fit ``launcher`` (within the budget); returns new ones."""
+        with self._lock:
+            if self._closed:
+                return []
+            have = sum(
+                1 for p in self._spares if p.alive and p.task is None and p.launcher.signature == launcher.signature
+            )
+            room = self.capacity() - len([p for p in self._spares if p.alive])
+            todo = max(0, min(n - have, room))
+        made = []
+        for _ in range(todo):
+            log = owner.runtime_dir() / f"spare-{next(self._seq)}.log"
+            proc = launcher.spawn(str(log))
+            made.append(proc)
+            with self._lock:
+                self._spares.append(proc)
+        return made
+
+    def fill_later(self, launcher: "Launcher", n: int) -> threading.Thread:
+        """:meth:`fill` on a background thread, so a start returns at once."""
+        thread = threading.Thread(target=self.fill, args=(launcher, n), name="tfmagic-spares", daemon=True)
+        thread.start()
+        return thread
+
+    def trim(self) -> int:
+        """Kill spares beyond the budget (all of them when the budget is 0)."""
+        extra = self.processes()[self.capacity():] if self.budget > 0 else self.processes()
+        for proc in extra:
+            proc.kill()
+        with self._lock:
+            self._spares = [p for p in self._spares if p not in extra]
+        return len(extra)
+
+    def shutdown(self) -> None:
+        """Kill every spare; the pool then makes no more until :meth:`reopen`."""
+        with self._lock:
+            self._closed = True
+            spares, self._spares = self._spares, []
+        for proc in spares:
+            proc.kill()
+
+    def reopen(self) -> None:
+        with self._lock:
+            self._closed = False
+
+
+_default: SparePool | None = None
+_default_lock = threading.Lock()
+
+
+def default_pool() -> SparePool:
+    """The pool shared by every cluster this process starts."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = SparePool()
+        return _default
+
+
+def set_spare_budget(budget: "int | float | str | None") -> None:
+    """Set how much memory spare processes may use: ``"2GB"``, ``0`` (off) or ``"auto"``."""
+    default_pool().set_budget(budget)

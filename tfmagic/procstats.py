@@ -1,0 +1,82 @@
+"""CPU and memory of task processes, measured the way users should read them.
+
+Memory is reported as PSS beside RSS: TensorFlow processes share most of
+their pages (the same libraries), so RSS counts the same memory once per
+process and makes a cluster look about twice as costly as it is.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psutil
+
+_lock = threading.Lock()
+_last_cpu: dict[int, tuple[float, float, float]] = {}  # pid -> (create_time, wall, cpu seconds)
+
+
+def memory_of(pid: int) -> dict[str, int] | None:
+    """``{"rss": bytes, "pss": bytes}`` of a process, or ``None`` if it is gone."""
+    try:
+        proc = psutil.Process(pid)
+        try:
+            info = proc.memory_full_info()
+            return {"rss": info.rss, "pss": getattr(info, "pss", info.rss)}
+        except (psutil.AccessDenied, OSError):
+            return {"rss": proc.memory_info().rss, "pss": 0}
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return None
+
+
+def cpu_percent(pid: int) -> float | None:
+    """CPU use since the previous call for this pid (since start the first time).
+
+    100 means one full core.  Keeping our own previous sample (instead of
+    psutil's blocking ``interval=``) lets a status table of many tasks be
+    taken at once, and a refreshing dashboard get a true recent rate.
+    """
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            created = proc.create_time()
+            times = proc.cpu_times()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return None
+    cpu = times.user + times.system
+    now = time.time()
+    with _lock:
+        prev = _last_cpu.get(pid)
+        _last_cpu[pid] = (created, now, cpu)
+    if prev is None or prev[0] != created or now - prev[1] < 0.05:
+        wall, used = now - created, cpu
+    else:
+        wall, used = now - prev[1], cpu - prev[2]
+    return round(100.0 * used / wall, 1) if wall > 0 else 0.0
+
+
+def uptime(pid: int) -> float | None:
+    try:
+        return time.time() - psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return None
+
+
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit, size in (("GB", 2**30), ("MB", 2**20), ("kB", 2**10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}" if unit == "GB" else f"{n / size:.0f} {unit}"
+    return f"{n} B"
+
+
+def human_seconds(s: float | None) -> str:
+    if s is None:
+        return "-"
+    s = int(s)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{(s % 3600) // 60:02d}m"

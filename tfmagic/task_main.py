@@ -1,0 +1,208 @@
+"""The program that runs inside every background task process.
+
+Started as ``python -m tfmagic.task_main`` by a launcher (local, SSH, ...),
+it imports TensorFlow at once, then waits, *warm*, for the owner to give it a
+role (``assign``: a job, an index and the whole cluster's addresses).  That
+split is what makes a second ``%tf_cluster start`` fast: spare processes have
+already paid the import and take a role in milliseconds.
+
+The process talks to its owner through :mod:`tfmagic.protocol` on its
+standard input and a private copy of its standard output; everything the task
+prints (TensorFlow's logs included) goes to its log file.  It ends itself and
+its whole process group when
+
+* its standard input reaches end-of-file (the owner died, even by ``kill -9``:
+  the kernel holds the only write end of that pipe), or
+* its parent process changes (a local owner died while a forked child of it
+  still held the pipe open), or
+* the owner sends ``stop``.
+
+It never forks after importing TensorFlow; code that needs another process
+must spawn one.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Callable
+
+from . import protocol
+
+
+class TaskRuntime:
+    """State of this task process: its channel, its role and its server."""
+
+    def __init__(self) -> None:
+        # The owner reads events from our original stdout; keep a private copy
+        # and point fd 1 at stderr (the log) so stray prints cannot corrupt it.
+        self._out = os.fdopen(os.dup(1), "wb", buffering=0)
+        os.dup2(2, 1)
+        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+        self._out_lock = threading.Lock()
+        self.ops: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.handlers: dict[str, Callable[[dict[str, Any]], None]] = {
+            "assign": self.assign,
+            "env": self.report_env,
+            "ping": lambda msg: self.send("pong", id=msg.get("id")),
+            "stop": lambda msg: self.die("stop requested by the owner", code=0),
+        }
+        self.server = None
+        self.task: tuple[str, int] | None = None
+        self.tf = None
+        self._parent = os.getppid()
+
+    # -- channel ---------------------------------------------------------
+    def send(self, event: str, **fields: Any) -> None:
+        fields["event"] = event
+        with self._out_lock:
+            try:
+                protocol.send(self._out, fields)
+            except OSError:
+                self.die("the owner's end of the channel is closed")
+
+    def die(self, reason: str, code: int = 1) -> None:
+        """End this process and everything it started, now."""
+        try:
+            sys.stderr.write(f"tfmagic task {os.getpid()}: exiting: {reason}\n")
+            sys.stderr.flush()
+        except Exception:  # noqa: BLE001 - we are exiting anyway
+            pass
+        try:
+            if os.getpgid(0) == os.getpid():
+                # Leader of its own group: take children (spawned by user cells)
+                # along; SIGKILL because nothing here may outlive its owner.
+                os.killpg(os.getpid(), signal.SIGKILL)
+        except OSError:
+            pass
+        os._exit(code)
+
+    def _read_ops(self) -> None:
+        stdin = sys.stdin.buffer
+        while True:
+            line = stdin.readline()
+            if not line:
+                self.die("the owner went away (end of its channel)")
+            msg = protocol.decode(line)
+            if msg is None or "op" not in msg:
+                sys.stderr.write(f"tfmagic task: ignored a malformed message: {line[:200]!r}\n")
+                continue
+            urgent = getattr(self, "urgent_" + msg["op"], None)
+            if urgent is not None:
+                urgent(msg)  # handled on this thread, even while a cell runs
+            else:
+                self.ops.put(msg)
+
+    def _watch_parent(self) -> None:
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != self._parent:
+                self.die("the owner process is gone (parent changed)")
+
+    # -- ops -------------------------------------------------------------
+    def assign(self, msg: dict[str, Any]) -> None:
+        """Take a role: set the environment, then start the TF server."""
+        job, index = msg["job"], int(msg["index"])
+        log_path = msg.get("log")
+        if log_path:
+            fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            os.close(fd)
+        print(f"tfmagic: process {os.getpid()} takes the role {job}:{index}", flush=True)
+        for key, value in (msg.get("env") or {}).items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = str(value)
+        import json
+
+        cluster = msg["cluster"]
+        os.environ["TF_CONFIG"] = json.dumps(
+            {"cluster": cluster, "task": {"type": job, "index": index}}
+        )
+        tf = self.tf
+        try:
+            if msg.get("cpu_only"):
+                tf.config.set_visible_devices([], "GPU")
+            threads = msg.get("threads") or {}
+            config = tf.compat.v1.ConfigProto(
+                intra_op_parallelism_threads=int(threads.get("intra", 0)),
+                inter_op_parallelism_threads=int(threads.get("inter", 0)),
+            )
+            if msg.get("cpu_only"):
+                config.device_count["GPU"] = 0
+            self.server = tf.distribute.Server(
+                tf.train.ClusterSpec(cluster),
+                job_name=job,
+                task_index=index,
+                protocol="grpc",
+                config=config,
+                start=True,
+            )
+        except Exception as exc:  # noqa: BLE001 - reported to the owner, who decides
+            text = f"{type(exc).__name__}: {exc}"
+            traceback.print_exc()
+            kind = protocol.PORT_IN_USE if "Could not start gRPC server" in text else "error"
+            self.send(protocol.ASSIGN_FAILED, kind=kind, message=text)
+            return
+        self.task = (job, index)
+        port = int(cluster[job][index].rsplit(":", 1)[1])
+        print(f"tfmagic: {job}:{index} serving {self.server.target} (port {port})", flush=True)
+        self.send(protocol.READY, job=job, index=index, target=self.server.target, port=port)
+
+    def report_env(self, msg: dict[str, Any]) -> None:
+        keys = msg.get("keys") or []
+        devices = []
+        if self.tf is not None and msg.get("devices"):
+            devices = [d.name for d in self.tf.config.list_logical_devices()]
+        self.send(
+            "env",
+            id=msg.get("id"),
+            env={k: os.environ.get(k) for k in keys},
+            devices=devices,
+        )
+
+    # -- main ------------------------------------------------------------
+    def run(self) -> None:
+        threading.Thread(target=self._read_ops, name="tfmagic-ops", daemon=True).start()
+        threading.Thread(target=self._watch_parent, name="tfmagic-parent", daemon=True).start()
+        self.send(protocol.HELLO, pid=os.getpid(), host=socket.gethostname(), python=sys.version.split()[0])
+        t0 = time.monotonic()
+        try:
+            import tensorflow as tf
+        except Exception as exc:  # noqa: BLE001 - told to the owner, then we end
+            traceback.print_exc()
+            self.send(
+                protocol.FATAL,
+                message=f"TensorFlow could not be imported by {sys.executable}: {type(exc).__name__}: {exc}",
+            )
+            self.die("TensorFlow could not be imported")
+        self.tf = tf
+        self.send(protocol.WARM, import_s=round(time.monotonic() - t0, 3), tf_version=tf.__version__)
+        while True:
+            msg = self.ops.get()
+            handler = self.handlers.get(msg["op"])
+            if handler is None:
+                self.send("error", id=msg.get("id"), message=f"unknown op {msg['op']!r}")
+                continue
+            try:
+                handler(msg)
+            except Exception as exc:  # noqa: BLE001 - keep serving; the owner sees the error
+                traceback.print_exc()
+                self.send("error", id=msg.get("id"), message=f"{type(exc).__name__}: {exc}")
+
+
+def main() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    TaskRuntime().run()
+
+
+if __name__ == "__main__":
+    main()
