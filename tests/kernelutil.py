@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import time
 from dataclasses import dataclass, field
 
 from jupyter_client.manager import KernelManager
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 @dataclass
@@ -18,6 +22,7 @@ class Reply:
     stderr: str = ""
     displays: list[dict] = field(default_factory=list)
     error: dict | None = None
+    errors: list[dict] = field(default_factory=list)
     result: dict | None = None
 
     @property
@@ -26,9 +31,9 @@ class Reply:
         parts = [self.streams]
         for d in self.displays + ([self.result] if self.result else []):
             parts.append(d.get("text/plain", ""))
-        if self.error:
-            parts.append("\n".join(self.error.get("traceback", [])))
-        return "\n".join(parts)
+        for err in self.errors:
+            parts.append("\n".join(err.get("traceback", [])))
+        return _ANSI.sub("", "\n".join(parts))
 
     @property
     def html(self) -> str:
@@ -42,6 +47,9 @@ class Kernel:
         self.km = KernelManager(kernel_name="python3")
         kenv = dict(os.environ)
         kenv.update(env or {})
+        # ipykernel turns off forwarding of fd 1/2 to the frontend when it sees
+        # pytest; a notebook user has it on, so the tests must too.
+        kenv.pop("PYTEST_CURRENT_TEST", None)
         self.km.start_kernel(env=kenv)
         self.kc = self.km.client()
         self.kc.start_channels()
@@ -51,13 +59,21 @@ class Kernel:
     def pid(self) -> int:
         return self.km.provisioner.pid
 
-    def run(self, code: str, timeout: float = 120.0, interrupt_after: float | None = None) -> Reply:
+    def run(
+        self,
+        code: str,
+        timeout: float = 120.0,
+        interrupt_after: float | None = None,
+        until: str | None = None,
+    ) -> Reply:
+        """Run a cell; with ``until``, keep reading streams (fd-level output
+        arrives late) until that text has appeared."""
         msg_id = self.kc.execute(code)
         reply = Reply(status="?")
         deadline = time.monotonic() + timeout
         interrupt_at = None if interrupt_after is None else time.monotonic() + interrupt_after
         idle = False
-        while not idle:
+        while not idle or (until is not None and until not in reply.streams):
             if interrupt_at is not None and time.monotonic() > interrupt_at:
                 self.km.interrupt_kernel()
                 interrupt_at = None
@@ -67,7 +83,7 @@ class Kernel:
                 msg = self.kc.get_iopub_msg(timeout=0.2)
             except queue.Empty:
                 continue
-            if msg["parent_header"].get("msg_id") != msg_id:
+            if msg["parent_header"].get("msg_id") != msg_id and not (idle and msg["msg_type"] == "stream"):
                 continue
             kind, content = msg["msg_type"], msg["content"]
             if kind == "stream":
@@ -82,12 +98,19 @@ class Kernel:
                 reply.result = content["data"]
             elif kind == "error":
                 reply.error = content
+                reply.errors.append(content)
             elif kind == "status" and content["execution_state"] == "idle":
                 idle = True
         shell = self.kc.get_shell_msg(timeout=30)
         while shell["parent_header"].get("msg_id") != msg_id:
             shell = self.kc.get_shell_msg(timeout=30)
         reply.status = shell["content"]["status"]
+        for payload in shell["content"].get("payload", []):
+            if payload.get("source") == "page":  # `magic?` help arrives as a pager payload
+                reply.displays.append(payload.get("data", {}))
+        if reply.error is None and reply.status == "error":
+            # IPython prints a UsageError as one stderr line; the reply still names it.
+            reply.error = dict(shell["content"], traceback=[])
         return reply
 
     def ok(self, code: str, timeout: float = 120.0) -> Reply:

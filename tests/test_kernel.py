@@ -8,7 +8,7 @@ import signal
 import psutil
 import pytest
 
-from .conftest import assert_gone, task_processes
+from .conftest import assert_gone
 from .kernelutil import Kernel
 
 pytestmark = [pytest.mark.kernel, pytest.mark.cluster]
@@ -21,7 +21,7 @@ def kernel():
     k = Kernel(env={"TFMAGIC_SPARES": "0", "TF_CPP_MIN_LOG_LEVEL": "0"})
     k.ok("%load_ext tfmagic\nimport tfmagic, tensorflow as tf")
     yield k
-    pids = list(task_processes())
+    pids = k.value("[p.pid for p in __import__('tfmagic').owner.processes()]")
     k.shutdown()
     assert_gone(pids)
 
@@ -35,8 +35,9 @@ def started(kernel):
 def usage_error(reply) -> str:
     assert reply.status == "error", reply.text
     assert reply.error["ename"] == "UsageError", reply.error
-    tb = "\n".join(reply.error["traceback"])
-    assert "File " not in tb and "Traceback" not in tb, f"a traceback wall reached the user:\n{tb}"
+    seen = reply.text
+    assert "File " not in seen and "Traceback" not in seen, f"a traceback wall reached the user:\n{seen}"
+    assert len([ln for ln in reply.stderr.splitlines() if ln.strip()]) == 1, reply.stderr
     return reply.error["evalue"]
 
 
@@ -137,20 +138,25 @@ def test_usage_help_is_real(kernel):
     assert "--workers" in text and "--ps" in text and "logs" in text
 
 
-def test_no_cluster_cases_and_quiet_stop(kernel, started):
+def test_stop_under_a_connected_client_is_quiet_and_no_cluster_cases(kernel, started):
     kernel.ok("%%tf_device worker:0\nk = tf.constant(1.0) + 1")
     pids = kernel.value(TASK_PIDS)
     stop = kernel.ok("%tf_cluster stop")
     assert "Stopped cluster" in stop.stdout
     assert_gone(pids)
-    # servers stopped under a connected client: TF's CloseContext noise stays out
-    after = kernel.ok("import time; time.sleep(1); print('after')")
-    for reply in (stop, after):
-        assert "CloseContext" not in reply.text and "E0000" not in reply.text
+    # Reconnecting after servers died under the client makes TensorFlow log
+    # CloseContext errors from C++; they go to the kernel's log, not the notebook.
+    again = kernel.ok("%tf_cluster start --ps 0 --workers 1", timeout=180)
+    used = kernel.ok("%%tf_device worker:0\nprint((tf.constant(2.0) * 2).numpy())")
+    after = kernel.run("import os, time; time.sleep(2); os.write(2, b'fd2-marker\\n')", until="fd2-marker")
+    assert after.status == "ok" and "4.0" in used.stdout
+    for reply in (stop, again, used, after):
+        assert "CloseContext" not in reply.text and "E0000" not in reply.text, reply.text
+    assert "close remote context" in kernel.ok("%tf_cluster logs kernel --tail 0").stdout
+    kernel.ok("%tf_cluster stop")
     assert "nothing to stop" in usage_error(kernel.run("%tf_cluster stop"))
     assert "no cluster is running" in usage_error(kernel.run("%%tf_device worker:0\nx = 1"))
     assert "no cluster is running" in usage_error(kernel.run("%tf_cluster logs worker:0"))
-    assert "CloseContext" in kernel.ok("%tf_cluster logs kernel --tail 0").stdout
 
 
 def test_unload_stops_everything():

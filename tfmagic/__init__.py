@@ -17,19 +17,42 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .cluster import Cluster, LocalCluster, StartOutcome, current_cluster
-from .errors import (
-    BadClusterShape,
-    BadTaskName,
-    ClusterRunning,
-    ClusterStartError,
-    NoCluster,
-    TaskLost,
-    TfmagicError,
-    UnknownTask,
-)
-from .pool import set_spare_budget
-from .spec import ClusterDef, ClusterShape, TaskName
+# Names are imported on first use (PEP 562): `import tfmagic` stays cheap, and
+# the task processes, which import tfmagic.task_main, load only what they need.
+_EXPORTS = {
+    "Cluster": "cluster",
+    "LocalCluster": "cluster",
+    "StartOutcome": "cluster",
+    "current_cluster": "cluster",
+    "BadClusterShape": "errors",
+    "BadTaskName": "errors",
+    "ClusterRunning": "errors",
+    "ClusterStartError": "errors",
+    "NoCluster": "errors",
+    "TaskLost": "errors",
+    "TfmagicError": "errors",
+    "UnknownTask": "errors",
+    "set_spare_budget": "pool",
+    "ClusterDef": "spec",
+    "ClusterShape": "spec",
+    "TaskName": "spec",
+}
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        if name in ("launchers", "owner", "pool", "client", "magics", "spec", "errors", "cluster"):
+            import importlib
+
+            return importlib.import_module(f".{name}", __name__)
+        raise AttributeError(f"module 'tfmagic' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "BadClusterShape",

@@ -85,7 +85,7 @@ class SparePool:
         if budget is None:
             budget = os.environ.get("TFMAGIC_SPARE_BUDGET", "auto")
         self._budget = parse_bytes(budget)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._spares: list[TaskProcess] = []
         self._seq = count(1)
         self._closed = False
@@ -136,13 +136,14 @@ class SparePool:
 
     def fill(self, launcher: "Launcher", n: int) -> list["TaskProcess"]:
         """Spawn spares until ``n`` fit ``launcher`` (within the budget); returns new ones."""
+        capacity = self.capacity()  # measures a spare: outside the lock
         with self._lock:
             if self._closed:
                 return []
             have = sum(
                 1 for p in self._spares if p.alive and p.task is None and p.launcher.signature == launcher.signature
             )
-            room = self.capacity() - len([p for p in self._spares if p.alive])
+            room = capacity - len([p for p in self._spares if p.alive])
             todo = max(0, min(n - have, room))
         made = []
         for _ in range(todo):
