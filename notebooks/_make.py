@@ -164,7 +164,31 @@ def write(name: str, cells) -> Path:
 
 NOTEBOOKS = {"01_cluster_basics.ipynb": NB01}
 
+
+def execute(path: Path) -> None:
+    """Run a written notebook in a fresh kernel and save it with its outputs."""
+    import os
+
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(path, as_version=4)
+    env = dict(os.environ, TFMAGIC_SPARES="0")
+    NotebookClient(
+        nb,
+        timeout=900,
+        kernel_name="python3",
+        store_widget_state=True,
+        resources={"metadata": {"path": str(HERE)}},
+    ).execute(env=env)
+    nbformat.write(nb, path)
+
+
 if __name__ == "__main__":
-    names = sys.argv[1:] or list(NOTEBOOKS)
+    args = sys.argv[1:]
+    run = "--execute" in args
+    names = [a for a in args if not a.startswith("--")] or list(NOTEBOOKS)
     for name in names:
-        print("wrote", write(name, NOTEBOOKS[name]))
+        path = write(name, NOTEBOOKS[name])
+        if run:
+            execute(path)
+        print("wrote", path, "(executed)" if run else "")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import psutil
 import pytest
@@ -20,7 +20,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TFMAGIC_SPARES", "0")
 
 
-def poll_for(predicate: Callable[[], object], timeout: float = 30.0, interval: float = 0.05, what: str = "condition"):
+def poll_for(
+    predicate: Callable[[], object], timeout: float = 30.0, interval: float = 0.05, what: str = "condition"
+):
     """Wait until ``predicate()`` is truthy and return it; fail with ``what`` after ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 
 from jupyter_client.manager import KernelManager
 
-
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -37,7 +36,9 @@ class Reply:
 
     @property
     def html(self) -> str:
-        return "\n".join(d.get("text/html", "") for d in self.displays + ([self.result] if self.result else []))
+        return "\n".join(
+            d.get("text/html", "") for d in self.displays + ([self.result] if self.result else [])
+        )
 
 
 class Kernel:
@@ -78,7 +79,9 @@ class Kernel:
                 self.km.interrupt_kernel()
                 interrupt_at = None
             if time.monotonic() > deadline:
-                raise TimeoutError(f"cell did not finish in {timeout} s: {code[:200]!r}\nso far: {reply.text[-2000:]}")
+                raise TimeoutError(
+                    f"cell did not finish in {timeout} s: {code[:200]!r}\nso far: {reply.text[-2000:]}"
+                )
             try:
                 msg = self.kc.get_iopub_msg(timeout=0.2)
             except queue.Empty:

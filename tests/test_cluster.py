@@ -61,7 +61,9 @@ def test_status_reports_pid_state_cpu_pss_rss_uptime(local_cluster):
 
 
 def test_task_environment_ps_cpu_only_and_tf_config(local_cluster):
-    ps = local_cluster.procs[tfmagic.TaskName("ps", 0)].request("env", keys=["CUDA_VISIBLE_DEVICES", "TF_CONFIG", "GRPC_FAIL_FAST"], devices=True)
+    ps = local_cluster.procs[tfmagic.TaskName("ps", 0)].request(
+        "env", keys=["CUDA_VISIBLE_DEVICES", "TF_CONFIG", "GRPC_FAIL_FAST"], devices=True
+    )
     assert ps["env"]["CUDA_VISIBLE_DEVICES"] == ""
     assert ps["env"]["GRPC_FAIL_FAST"] == "use_caller"
     assert json.loads(ps["env"]["TF_CONFIG"])["task"] == {"type": "ps", "index": 0}
@@ -114,7 +116,7 @@ def test_tf1_session_client_in_another_process(local_cluster):
             y = 2.0 * x + 10.0
             loss = tf.reduce_mean(tf.square(w * x + b - y))
             train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
-        with tf.compat.v1.Session({local_cluster.target('worker:0')!r}) as sess:
+        with tf.compat.v1.Session({local_cluster.target("worker:0")!r}) as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
             for _ in range(500):
                 sess.run(train)
@@ -253,3 +255,118 @@ def test_script_exit_stops_everything(tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
     pids = [int(p) for p in out.stdout.split("PIDS")[1].split()]
     assert_gone(pids, timeout=10)
+
+
+def _listening(pid: int, port: int) -> list[str]:
+    return [
+        c.laddr.ip
+        for c in psutil.Process(pid).net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN and c.laddr.port == port
+    ]
+
+
+def test_task_servers_listen_on_loopback_only(local_cluster):
+    guard = local_cluster.launcher.guard
+    assert guard is not None and guard.available, guard
+    for task, proc in local_cluster.procs.items():
+        port = int(local_cluster.address(task).rsplit(":", 1)[1])
+        addrs = _listening(proc.pid, port)
+        assert addrs, f"{task} does not listen on {port}"
+        assert set(addrs) <= {"127.0.0.1", "::ffff:127.0.0.1"}, (task, addrs)
+
+
+def test_without_the_guard_servers_listen_everywhere():
+    """The opposite case, so the loopback test above can fail."""
+    with tfmagic.LocalCluster(ps=0, workers=1, spares=False, loopback_only=False) as cluster:
+        proc = cluster.procs[tfmagic.TaskName("worker", 0)]
+        port = int(cluster.address("worker:0").rsplit(":", 1)[1])
+        assert set(_listening(proc.pid, port)) & {"0.0.0.0", "::"}
+        assert "EVERY network interface" in cluster.launcher.security_note()
+
+
+def test_worker_gpus_reach_each_worker_and_ps_stays_cpu_only():
+    with tfmagic.LocalCluster(ps=1, workers=2, spares=False, worker_gpus=["0", "1"]) as cluster:
+        seen = {
+            str(t): p.request("env", keys=["CUDA_VISIBLE_DEVICES"])["env"]["CUDA_VISIBLE_DEVICES"]
+            for t, p in cluster.procs.items()
+        }
+    assert seen == {"ps:0": "", "worker:0": "0", "worker:1": "1"}
+
+
+def test_warm_start_takes_spares_after_a_stop(monkeypatch):
+    """After one start, the pool keeps warm processes: the next start of any
+    shape up to that size needs no TensorFlow import."""
+    monkeypatch.setenv("TFMAGIC_SPARES", "1")
+    from tfmagic.pool import SparePool
+
+    pool = SparePool(budget="4GB")
+    first = tfmagic.LocalCluster(ps=1, workers=2, pool=pool)
+    try:
+        assert first.start().cold == 3
+        poll_for(lambda: len([p for p in pool.processes() if p.warm_at]) == 3, 120, what="3 warm spares")
+        first.stop()
+        status_spares = first.status().spares
+        assert len(status_spares) == 3 and all(r.state == "spare" for r in status_spares)
+        second = tfmagic.LocalCluster(ps=0, workers=3, pool=pool)
+        try:
+            outcome = second.start()
+            assert (outcome.warm, outcome.cold) == (3, 0)
+            log = second.logs("worker:2", tail=None)
+            assert log.count("takes the role worker:2") == 1
+            assert log.index("imported TensorFlow") < log.index("takes the role"), (
+                "the spare's import log is kept"
+            )
+        finally:
+            second.close()
+    finally:
+        first.close()
+        pool.shutdown()
+
+
+def test_spare_budget_zero_keeps_no_spares(monkeypatch):
+    monkeypatch.setenv("TFMAGIC_SPARES", "1")
+    from tfmagic.pool import SparePool
+
+    pool = SparePool(budget=0)
+    with tfmagic.LocalCluster(ps=0, workers=1, pool=pool) as cluster:
+        cluster.pool.fill(cluster.launcher, 2)
+        assert pool.processes() == []
+
+
+def test_replacing_a_cluster_does_not_spill_stale_handle_errors(tmp_path):
+    """Old remote variables die with their cluster; their failed deletion is
+    TensorFlow's bookkeeping, not the user's problem, and stays out of stderr."""
+    script = tmp_path / "replace.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import tensorflow as tf, tfmagic
+            a = tfmagic.LocalCluster(ps=1, workers=1, spares=False)
+            a.start()
+            with a.device("ps:0"):
+                old = tf.Variable(1.0)
+                q = tf.queue.FIFOQueue(1, tf.float32)
+            a.stop()
+            b = tfmagic.LocalCluster(ps=0, workers=1, spares=False)
+            b.start()
+            with b.device("worker:0"):
+                print("RESULT", (tf.constant(2.0) * 2).numpy(), flush=True)
+            b.stop()
+            """
+        )
+    )
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(tfmagic.__file__)))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=180)
+    assert "RESULT 4.0" in out.stdout, out.stderr[-2000:]
+    assert "Exception ignored" not in out.stderr, out.stderr[-2000:]
+
+
+def test_main_job_tfmagic_demo_runs_end_to_end():
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(tfmagic.__file__)))
+    out = subprocess.run(
+        [sys.executable, "-m", "tfmagic.cli", "demo"], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert out.returncode == 0, out.stdout + out.stderr[-2000:]
+    assert "w = 1.99" in out.stdout or "w = 2.00" in out.stdout
+    assert "processes left behind: 0" in out.stdout
+    assert "E0000" not in out.stderr, "TensorFlow's native noise is kept out of the demo's output"

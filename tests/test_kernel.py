@@ -139,7 +139,7 @@ def test_usage_help_is_real(kernel):
 
 
 def test_stop_under_a_connected_client_is_quiet_and_no_cluster_cases(kernel, started):
-    kernel.ok("%%tf_device worker:0\nk = tf.constant(1.0) + 1")
+    kernel.ok("%%tf_device ps:0\nold_var = tf.Variable(1.0)")
     pids = kernel.value(TASK_PIDS)
     stop = kernel.ok("%tf_cluster stop")
     assert "Stopped cluster" in stop.stdout
@@ -148,7 +148,10 @@ def test_stop_under_a_connected_client_is_quiet_and_no_cluster_cases(kernel, sta
     # CloseContext errors from C++; they go to the kernel's log, not the notebook.
     again = kernel.ok("%tf_cluster start --ps 0 --workers 1", timeout=180)
     used = kernel.ok("%%tf_device worker:0\nprint((tf.constant(2.0) * 2).numpy())")
-    after = kernel.run("import os, time; time.sleep(2); os.write(2, b'fd2-marker\\n')", until="fd2-marker")
+    after = kernel.run(
+        "import gc, os, time\ndel old_var\ngc.collect()\ntime.sleep(2)\nos.write(2, b'fd2-marker\\n')",
+        until="fd2-marker",
+    )
     assert after.status == "ok" and "4.0" in used.stdout
     for reply in (stop, again, used, after):
         assert "CloseContext" not in reply.text and "E0000" not in reply.text, reply.text
@@ -184,9 +187,11 @@ def test_kill_minus_9_of_the_kernel_leaves_nothing(tmp_path):
     k = Kernel(env={"TFMAGIC_SPARES": "1", "TFMAGIC_SPARE_BUDGET": "4GB"})
     try:
         k.ok("%load_ext tfmagic\n%tf_cluster start --ps 0 --workers 1", timeout=180)
-        k.ok("import time\nfrom tfmagic.pool import default_pool\n"
-             "deadline = time.time() + 120\n"
-             "while not default_pool().processes() and time.time() < deadline: time.sleep(0.2)")
+        k.ok(
+            "import time\nfrom tfmagic.pool import default_pool\n"
+            "deadline = time.time() + 120\n"
+            "while not default_pool().processes() and time.time() < deadline: time.sleep(0.2)"
+        )
         pids = k.value("[p.pid for p in __import__('tfmagic').owner.processes()]")
         assert len(pids) >= 2, "a task and at least one spare"
         os.kill(k.pid, signal.SIGKILL)

@@ -25,7 +25,9 @@ def test_parse_accepts_both_spellings(text, job, index):
     assert TaskName.parse(text) == TaskName(job, index)
 
 
-@pytest.mark.parametrize("text", ["worker", "worker:", "worker:-1", "worker:x", "1:worker", "/job:worker", "", "worker 1"])
+@pytest.mark.parametrize(
+    "text", ["worker", "worker:", "worker:-1", "worker:x", "1:worker", "/job:worker", "", "worker 1"]
+)
 def test_parse_rejects_malformed_names_with_a_hint(text):
     with pytest.raises(BadTaskName, match="worker:1"):
         TaskName.parse(text)
@@ -68,12 +70,31 @@ def test_cluster_def_checks_tasks_and_builds_tf_config():
     with pytest.raises(UnknownTask, match="worker:0..worker:1"):
         d.check("worker:9")
     cfg = d.tf_config("/job:worker/task:1")
-    assert cfg == {"cluster": {"ps": ["h:1"], "worker": ["h:2", "h:3"]}, "task": {"type": "worker", "index": 1}}
+    assert cfg == {
+        "cluster": {"ps": ["h:1"], "worker": ["h:2", "h:3"]},
+        "task": {"type": "worker", "index": 1},
+    }
     assert d.shape() == ClusterShape(ps=1, workers=2)
 
 
 def test_cluster_def_reads_tf_config_and_sparse_dicts():
-    tf_config = json.dumps({"cluster": {"worker": {"0": "a:1", "1": "a:2"}}, "task": {"type": "worker", "index": 0}})
+    tf_config = json.dumps(
+        {"cluster": {"worker": {"0": "a:1", "1": "a:2"}}, "task": {"type": "worker", "index": 0}}
+    )
     assert ClusterDef.from_json(tf_config).as_dict() == {"worker": ["a:1", "a:2"]}
     with pytest.raises(BadClusterShape):
         ClusterDef.from_mapping({"worker": {0: "a:1", 2: "a:3"}})
+
+
+def test_memory_budget_parsing():
+    from tfmagic.pool import parse_bytes
+
+    assert parse_bytes("1.5GB") == int(1.5 * 2**30)
+    assert parse_bytes("800MB") == 800 * 2**20
+    assert parse_bytes("2g") == 2 * 2**30
+    assert parse_bytes(0) == 0 and parse_bytes("off") == 0 and parse_bytes(None) == 0
+    assert parse_bytes("auto") == "auto"
+    with pytest.raises(ValueError, match="not a memory size"):
+        parse_bytes("lots")
+    with pytest.raises(ValueError, match="negative"):
+        parse_bytes(-1)

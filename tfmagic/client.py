@@ -9,8 +9,9 @@ find a context_id`` until the client connects again).
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 from .spec import ClusterDef, TaskName
 
@@ -34,6 +35,43 @@ def resolver(defn: ClusterDef):
     return tf.distribute.cluster_resolver.SimpleClusterResolver(defn.to_tf(), rpc_layer="grpc")
 
 
+_previous_hook = None
+
+
+def _quiet_stale_handles(unraisable) -> None:
+    """Keep "Exception ignored in EagerResourceDeleter.__del__" out of sight.
+
+    When a cluster is stopped or replaced, Python later garbage-collects the
+    old remote variables and TensorFlow fails to delete them on servers that
+    are gone.  That is expected, not the user's problem: it goes to the
+    kernel's log (``%tf_cluster logs kernel``) instead of the notebook.
+    """
+    try:
+        where = str(getattr(unraisable.object, "__qualname__", "") or "")
+        exc = unraisable.exc_value
+        stale = "EagerResourceDeleter" in where and str(type(exc).__module__).startswith("tensorflow")
+    except Exception:  # noqa: BLE001 - at interpreter exit half the world is gone
+        stale = False
+    if not stale:
+        (_previous_hook or sys.__unraisablehook__)(unraisable)
+        return
+    try:
+        from . import owner
+
+        first = (str(exc).splitlines() or [""])[0]
+        with open(owner.runtime_dir() / "kernel-native.log", "a") as log:
+            log.write(f"ignored while deleting a stale remote resource: {type(exc).__name__}: {first}\n")
+    except Exception:  # noqa: BLE001 - logging this is a courtesy
+        pass
+
+
+def _install_quiet_hook() -> None:
+    global _previous_hook
+    if sys.unraisablehook is not _quiet_stale_handles:
+        _previous_hook = sys.unraisablehook
+        sys.unraisablehook = _quiet_stale_handles
+
+
 def connect(owner_id: int, defn: ClusterDef, *, force: bool = False) -> bool:
     """Make this process a client of the cluster; returns whether it (re)connected.
 
@@ -48,9 +86,8 @@ def connect(owner_id: int, defn: ClusterDef, *, force: bool = False) -> bool:
             return False
         import tensorflow as tf
 
-        tf.config.experimental_connect_to_cluster(
-            resolver(defn), make_master_device_default=False
-        )
+        _install_quiet_hook()
+        tf.config.experimental_connect_to_cluster(resolver(defn), make_master_device_default=False)
         _connected = key
         _generation += 1
         return True

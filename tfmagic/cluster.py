@@ -26,12 +26,12 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Sequence
 
 from . import client, owner
-from .errors import ClusterRunning, ClusterStartError, NoCluster, TaskLost
+from .errors import ClusterStartError, NoCluster, TaskLost
 from .launchers.base import Launcher, TaskProcess, TaskState
 from .launchers.local import LocalLauncher
 from .pool import SparePool, default_pool
@@ -43,16 +43,16 @@ from .status import ClusterStatus, TaskStatus
 Progress = Callable[[str, str, str], None]
 
 _ids = itertools.count(1)
-_current: "Cluster | None" = None
+_current: Cluster | None = None
 _current_lock = threading.Lock()
 
 
-def current_cluster() -> "Cluster | None":
+def current_cluster() -> Cluster | None:
     """The cluster the magics manage (started with ``%tf_cluster start``), or None."""
     return _current
 
 
-def set_current(cluster: "Cluster | None") -> None:
+def set_current(cluster: Cluster | None) -> None:
     global _current
     with _current_lock:
         _current = cluster
@@ -111,12 +111,12 @@ class Cluster:
         chief: int = 0,
         name: str | None = None,
         launcher: Launcher | None = None,
-        worker_gpus: "str | Sequence[str] | Mapping[int, str] | None" = None,
+        worker_gpus: str | Sequence[str] | Mapping[int, str] | None = None,
         env: Mapping[str, str] | None = None,
         spares: bool = True,
         pool: SparePool | None = None,
         start_timeout: float = 120.0,
-        log_dir: "str | os.PathLike | None" = None,
+        log_dir: str | os.PathLike | None = None,
     ) -> None:
         self.shape = ClusterShape(ps=ps, workers=workers, chief=chief)
         self.id = next(_ids)
@@ -258,7 +258,9 @@ class Cluster:
                         raise self._failure(task, proc, f"could not start its server: {proc.failure}")
                     elif not proc.alive:
                         why = f": {proc.failure}" if proc.failure else ""
-                        raise self._failure(task, proc, f"its process ended (exit code {proc.exit_code}){why}")
+                        raise self._failure(
+                            task, proc, f"its process ended (exit code {proc.exit_code}){why}"
+                        )
                     elif proc.state is TaskState.RUNNING and task not in up:
                         self._check_accepts(task, proc, defn.address(task))
                         up.add(task)
@@ -295,7 +297,9 @@ class Cluster:
         except OSError as exc:
             raise self._failure(task, proc, f"said it was up but {address} refused a connection ({exc})")
 
-    def _failure(self, task: TaskName, proc: TaskProcess, what: str, timed_out: bool = False) -> ClusterStartError:
+    def _failure(
+        self, task: TaskName, proc: TaskProcess, what: str, timed_out: bool = False
+    ) -> ClusterStartError:
         tail = proc.log_tail(15)
         msg = f"{task} (pid {proc.pid}) {what}. The tasks started so far were stopped."
         if timed_out:
@@ -319,7 +323,7 @@ class Cluster:
         with contextlib.suppress(NoCluster):
             self.stop()
 
-    def __enter__(self) -> "Cluster":
+    def __enter__(self) -> Cluster:
         self.start()
         return self
 
@@ -330,8 +334,7 @@ class Cluster:
     def _need_running(self) -> ClusterDef:
         if self.cluster_def is None:
             raise NoCluster(
-                f"cluster {self.name} is not running; start it first "
-                "(cluster.start() or %tf_cluster start)"
+                f"cluster {self.name} is not running; start it first (cluster.start() or %tf_cluster start)"
             )
         return self.cluster_def
 
@@ -340,31 +343,31 @@ class Cluster:
         """The ``tf.train.ClusterSpec`` of the running cluster."""
         return self._need_running().to_tf()
 
-    def address(self, task: "str | TaskName") -> str:
+    def address(self, task: str | TaskName) -> str:
         """``host:port`` of a task, e.g. ``cluster.address("worker:1")``."""
         return self._need_running().address(task)
 
-    def target(self, task: "str | TaskName") -> str:
+    def target(self, task: str | TaskName) -> str:
         """The ``grpc://`` target a TF1 ``Session`` connects to."""
         return "grpc://" + self.address(task)
 
-    def tf_config(self, task: "str | TaskName") -> dict:
+    def tf_config(self, task: str | TaskName) -> dict:
         return self._need_running().tf_config(task)
 
     def resolver(self):
         """A ``SimpleClusterResolver`` for ``tf.distribute.ParameterServerStrategy``."""
         return client.resolver(self._need_running())
 
-    def connect(self, force: bool = False) -> "Cluster":
+    def connect(self, force: bool = False) -> Cluster:
         """Make this process a client of the cluster (remote devices usable)."""
         client.connect(self.id, self._need_running(), force=force)
         return self
 
-    def check_task(self, task: "str | TaskName") -> TaskName:
+    def check_task(self, task: str | TaskName) -> TaskName:
         return self._need_running().check(task)
 
     @contextlib.contextmanager
-    def device(self, task: "str | TaskName") -> Iterator[str]:
+    def device(self, task: str | TaskName) -> Iterator[str]:
         """Place the TensorFlow ops created inside on ``task``; connects first."""
         t = self.check_task(task)
         proc = self.procs.get(t)
@@ -378,7 +381,7 @@ class Cluster:
             yield name
 
     # -- inspection ------------------------------------------------------
-    def logs(self, task: "str | TaskName", tail: int | None = 50) -> str:
+    def logs(self, task: str | TaskName, tail: int | None = 50) -> str:
         """The last ``tail`` lines of a task's log (everything for ``None``)."""
         t = self.check_task(task)
         return self.launcher.read_log(self.procs[t], tail=tail)

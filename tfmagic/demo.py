@@ -56,7 +56,13 @@ def linear_fit(cluster, steps: int = 300, lr: float = 0.05, seed: int = 0) -> di
 
 
 def run(ps: int = 1, workers: int = 2, steps: int = 300) -> int:
+    import os
+
+    from . import logfilter, owner
+
     t0 = time.monotonic()
+    if os.environ.get("TFMAGIC_SHOW_TF_LOGS", "") not in ("1", "true", "yes"):
+        logfilter.install(owner.runtime_dir() / "demo-native.log")
     print(f"Starting a local cluster: {ps} ps, {workers} workers ...", flush=True)
     with LocalCluster(ps=ps, workers=workers, spares=False) as cluster:
         out = cluster.last_outcome
@@ -69,8 +75,6 @@ def run(ps: int = 1, workers: int = 2, steps: int = 300) -> int:
         )
         print(f"Variables live on {result['w_device']}; steps per worker: {result['steps_per_worker']}")
         print(cluster.status())
-    from . import owner
-
     left = owner.processes()
     print(f"Stopped; processes left behind: {len(left)}. Total {time.monotonic() - t0:.1f} s.")
     ok = abs(result["w"] - 2) < 0.05 and abs(result["b"] - 10) < 0.05 and not left

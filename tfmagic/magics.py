@@ -16,7 +16,7 @@ import time
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
-from IPython.display import HTML, display
+from IPython.display import display
 
 from . import cluster as cluster_mod
 from . import owner
@@ -33,9 +33,7 @@ def _count(text: str) -> int:
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a whole number; give a count such as 2"
-        ) from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; give a count such as 2") from None
 
 
 class _ShownAbove(Exception):
@@ -92,14 +90,37 @@ class TfMagics(Magics):
     # -- %tf_cluster -------------------------------------------------------
     @magic_arguments()
     @argument("action", nargs="?", default="status", help="start | stop | status | logs | spec | spares")
-    @argument("task", nargs="?", help="for logs: the task, e.g. worker:1; for spares: a memory budget such as 2GB, off or auto")
-    @argument("--ps", type=_count, default=None, help="number of parameter-server tasks (default 1; 0 for a worker-only cluster)")
+    @argument(
+        "task",
+        nargs="?",
+        help="for logs: the task, e.g. worker:1; for spares: a memory budget such as 2GB, off or auto",
+    )
+    @argument(
+        "--ps",
+        type=_count,
+        default=None,
+        help="number of parameter-server tasks (default 1; 0 for a worker-only cluster)",
+    )
     @argument("--workers", type=_count, default=None, help="number of worker tasks (default 2)")
     @argument("--replace", action="store_true", help="stop the running cluster and start this one")
-    @argument("--gpus", default=None, help="CUDA_VISIBLE_DEVICES per worker, separated by '/': '0/1' gives worker:0 GPU 0 and worker:1 GPU 1; ps tasks always get no GPU")
-    @argument("--no-spares", action="store_true", help="spawn every task fresh instead of taking warm spare processes")
-    @argument("--timeout", type=float, default=None, help="seconds to wait for every task to come up (default 120)")
-    @argument("--all-interfaces", action="store_true", help="let task servers listen on every network interface (default: loopback only)")
+    @argument(
+        "--gpus",
+        default=None,
+        help="CUDA_VISIBLE_DEVICES per worker, separated by '/': '0/1' gives worker:0 GPU 0 and worker:1 GPU 1; ps tasks always get no GPU",
+    )
+    @argument(
+        "--no-spares",
+        action="store_true",
+        help="spawn every task fresh instead of taking warm spare processes",
+    )
+    @argument(
+        "--timeout", type=float, default=None, help="seconds to wait for every task to come up (default 120)"
+    )
+    @argument(
+        "--all-interfaces",
+        action="store_true",
+        help="let task servers listen on every network interface (default: loopback only)",
+    )
     @argument("--tail", type=_count, default=50, help="for logs: how many lines (0 for all)")
     @line_magic
     def tf_cluster(self, line: str = ""):
@@ -119,8 +140,7 @@ class TfMagics(Magics):
         args = parse_argstring(self.tf_cluster, line)
         if args.action not in ACTIONS:
             raise UsageError(
-                f"unknown subcommand {args.action!r}; use one of {', '.join(ACTIONS)} "
-                "(see %tf_cluster?)"
+                f"unknown subcommand {args.action!r}; use one of {', '.join(ACTIONS)} (see %tf_cluster?)"
             )
         try:
             return getattr(self, "_cluster_" + args.action)(args)
@@ -130,7 +150,9 @@ class TfMagics(Magics):
     def _need_cluster(self, what: str):
         cluster = current_cluster()
         if cluster is None or not cluster.running:
-            raise UsageError(f"no cluster is running, so there is nothing to {what}; start one with %tf_cluster start")
+            raise UsageError(
+                f"no cluster is running, so there is nothing to {what}; start one with %tf_cluster start"
+            )
         return cluster
 
     def _cluster_start(self, args):
@@ -202,14 +224,18 @@ class TfMagics(Magics):
             f"Cluster {cluster.name} started: {shape.describe()} in {outcome.seconds:.1f} s ({how}). "
             f"Use %%tf_device worker:0 to run a cell there."
         )
-        print(f"Security: {cluster.launcher.security_note()}; once connected, this kernel also "
-              "serves TensorFlow on every interface. See the README's Security section.")
+        print(
+            f"Security: {cluster.launcher.security_note()}; once connected, this kernel also "
+            "serves TensorFlow on every interface. See the README's Security section."
+        )
         return None
 
     def _cluster_stop(self, args):
         cluster = current_cluster()
         if cluster is None or not cluster.running:
-            raise UsageError("no cluster is running, so there is nothing to stop; start one with %tf_cluster start")
+            raise UsageError(
+                "no cluster is running, so there is nothing to stop; start one with %tf_cluster start"
+            )
         n = len(cluster.procs)
         cluster.stop()
         spares = default_pool().processes()
@@ -231,8 +257,6 @@ class TfMagics(Magics):
         if not args.task:
             raise UsageError("logs needs a task, for example: %tf_cluster logs worker:1 --tail 20")
         if args.task in ("kernel", "client"):
-            from . import logfilter
-
             path = owner.runtime_dir() / "kernel-native.log"
             from .launchers.local import read_tail
 

@@ -18,21 +18,21 @@ if TYPE_CHECKING:
     from .launchers.base import TaskProcess
 
 _lock = threading.Lock()
-_strong: dict[int, "TaskProcess"] = {}
+_strong: dict[int, TaskProcess] = {}
 _runtime_dir: Path | None = None
 
 
-def register(proc: "TaskProcess") -> None:
+def register(proc: TaskProcess) -> None:
     with _lock:
         _strong[proc.pid] = proc
 
 
-def forget(proc: "TaskProcess") -> None:
+def forget(proc: TaskProcess) -> None:
     with _lock:
         _strong.pop(proc.pid, None)
 
 
-def processes() -> list["TaskProcess"]:
+def processes() -> list[TaskProcess]:
     """Every process this owner started that has not been reaped yet."""
     with _lock:
         return [p for p in _strong.values() if p.alive]

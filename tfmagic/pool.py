@@ -34,7 +34,7 @@ DEFAULT_SPARE_BYTES = 420 * 2**20
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "m": 2**20, "mb": 2**20, "g": 2**30, "gb": 2**30}
 
 
-def parse_bytes(value: "int | float | str | None") -> int | str:
+def parse_bytes(value: int | float | str | None) -> int | str:
     """``"1.5GB"`` → bytes; ``None``/``"off"``/``0`` → 0; ``"auto"`` stays ``"auto"``."""
     if value is None:
         return 0
@@ -49,9 +49,7 @@ def parse_bytes(value: "int | float | str | None") -> int | str:
         return 0
     m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kmg]?i?b?)", text)
     if not m:
-        raise ValueError(
-            f"{value!r} is not a memory size; write it like '1.5GB', '800MB', 0 or 'auto'"
-        )
+        raise ValueError(f"{value!r} is not a memory size; write it like '1.5GB', '800MB', 0 or 'auto'")
     unit = m.group(2).replace("i", "")
     return int(float(m.group(1)) * _UNITS[unit])
 
@@ -63,7 +61,8 @@ def memory_limit() -> int:
     limit = psutil.virtual_memory().total
     for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
         try:
-            text = open(path).read().strip()
+            with open(path) as f:
+                text = f.read().strip()
         except OSError:
             continue
         if text.isdigit():
@@ -81,7 +80,7 @@ def auto_budget() -> int:
 class SparePool:
     """Warm processes per launcher signature, kept within a memory budget."""
 
-    def __init__(self, budget: "int | str | None" = None) -> None:
+    def __init__(self, budget: int | str | None = None) -> None:
         if budget is None:
             budget = os.environ.get("TFMAGIC_SPARE_BUDGET", "auto")
         self._budget = parse_bytes(budget)
@@ -95,7 +94,7 @@ class SparePool:
     def budget(self) -> int:
         return auto_budget() if self._budget == "auto" else int(self._budget)
 
-    def set_budget(self, budget: "int | float | str | None") -> None:
+    def set_budget(self, budget: int | float | str | None) -> None:
         self._budget = parse_bytes(budget)
         self.trim()
 
@@ -116,12 +115,12 @@ class SparePool:
         return 0 if budget <= 0 else budget // self.spare_cost()
 
     # -- spares ------------------------------------------------------------
-    def processes(self) -> list["TaskProcess"]:
+    def processes(self) -> list[TaskProcess]:
         with self._lock:
             self._spares = [p for p in self._spares if p.alive and p.task is None]
             return list(self._spares)
 
-    def take(self, launcher: "Launcher", n: int) -> list["TaskProcess"]:
+    def take(self, launcher: Launcher, n: int) -> list[TaskProcess]:
         """Up to ``n`` spares that ``launcher`` could have made, warm ones first."""
         with self._lock:
             fit = [
@@ -134,14 +133,16 @@ class SparePool:
             self._spares = [p for p in self._spares if p not in chosen]
         return chosen
 
-    def fill(self, launcher: "Launcher", n: int) -> list["TaskProcess"]:
+    def fill(self, launcher: Launcher, n: int) -> list[TaskProcess]:
         """Spawn spares until ``n`` fit ``launcher`` (within the budget); returns new ones."""
         capacity = self.capacity()  # measures a spare: outside the lock
         with self._lock:
             if self._closed:
                 return []
             have = sum(
-                1 for p in self._spares if p.alive and p.task is None and p.launcher.signature == launcher.signature
+                1
+                for p in self._spares
+                if p.alive and p.task is None and p.launcher.signature == launcher.signature
             )
             room = capacity - len([p for p in self._spares if p.alive])
             todo = max(0, min(n - have, room))
@@ -154,7 +155,7 @@ class SparePool:
                 self._spares.append(proc)
         return made
 
-    def fill_later(self, launcher: "Launcher", n: int) -> threading.Thread:
+    def fill_later(self, launcher: Launcher, n: int) -> threading.Thread:
         """:meth:`fill` on a background thread, so a start returns at once."""
         thread = threading.Thread(target=self.fill, args=(launcher, n), name="tfmagic-spares", daemon=True)
         thread.start()
@@ -162,7 +163,7 @@ class SparePool:
 
     def trim(self) -> int:
         """Kill spares beyond the budget (all of them when the budget is 0)."""
-        extra = self.processes()[self.capacity():] if self.budget > 0 else self.processes()
+        extra = self.processes()[self.capacity() :] if self.budget > 0 else self.processes()
         for proc in extra:
             proc.kill()
         with self._lock:
@@ -195,6 +196,6 @@ def default_pool() -> SparePool:
         return _default
 
 
-def set_spare_budget(budget: "int | float | str | None") -> None:
+def set_spare_budget(budget: int | float | str | None) -> None:
     """Set how much memory spare processes may use: ``"2GB"``, ``0`` (off) or ``"auto"``."""
     default_pool().set_budget(budget)

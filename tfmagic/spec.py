@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Iterator, Mapping
 
 from .errors import BadClusterShape, BadTaskName, UnknownTask
 
 _SHORT = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*:\s*(\d+)\s*$")
-_LONG = re.compile(
-    r"^\s*/job:([A-Za-z_][A-Za-z0-9_]*)(?:/replica:\d+)?/task:(\d+)(?:/device:.*)?\s*$"
-)
+_LONG = re.compile(r"^\s*/job:([A-Za-z_][A-Za-z0-9_]*)(?:/replica:\d+)?/task:(\d+)(?:/device:.*)?\s*$")
 _JOB_ONLY = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*$")
 
 #: Jobs in the order TensorFlow users expect to read them.
@@ -37,7 +35,7 @@ class TaskName:
     index: int
 
     @classmethod
-    def parse(cls, text: "str | TaskName") -> "TaskName":
+    def parse(cls, text: str | TaskName) -> TaskName:
         """Read ``worker:1``, ``/job:worker/task:1`` or ``/job:worker/replica:0/task:1``."""
         if isinstance(text, TaskName):
             return text
@@ -46,8 +44,7 @@ class TaskName:
         m = _SHORT.match(text) or _LONG.match(text)
         if not m:
             raise BadTaskName(
-                f"{text!r} is not a task name; write it as 'worker:1', 'ps:0' "
-                "or '/job:worker/task:1'"
+                f"{text!r} is not a task name; write it as 'worker:1', 'ps:0' or '/job:worker/task:1'"
             )
         return cls(m.group(1), int(m.group(2)))
 
@@ -88,13 +85,12 @@ class ClusterShape:
             ("chief", self.chief, 0),
         ):
             if isinstance(value, bool) or not isinstance(value, int):
-                raise BadClusterShape(
-                    f"{name} must be a whole number, not {value!r}; for example workers=2"
-                )
+                raise BadClusterShape(f"{name} must be a whole number, not {value!r}; for example workers=2")
             if value < minimum:
                 raise BadClusterShape(
                     f"{name}={value} is too small: a cluster needs at least "
-                    f"{minimum} {name}" + (" (use ps=0 for a worker-only cluster)" if name == "workers" else "")
+                    f"{minimum} {name}"
+                    + (" (use ps=0 for a worker-only cluster)" if name == "workers" else "")
                 )
         if self.chief > 1:
             raise BadClusterShape(f"chief={self.chief}: a cluster has at most one chief")
@@ -128,23 +124,21 @@ class ClusterDef:
     jobs: dict[str, list[str]] = field(default_factory=dict)
 
     @classmethod
-    def from_mapping(cls, mapping: Mapping[str, "list[str] | Mapping[int, str]"]) -> "ClusterDef":
+    def from_mapping(cls, mapping: Mapping[str, list[str] | Mapping[int, str]]) -> ClusterDef:
         """Accept the shapes TensorFlow accepts: lists, or {index: address} dicts."""
         jobs: dict[str, list[str]] = {}
         for job, addrs in mapping.items():
             if isinstance(addrs, Mapping):
                 indices = sorted(int(i) for i in addrs)
                 if indices != list(range(len(indices))):
-                    raise BadClusterShape(
-                        f"job {job!r} has task indices {indices}; tfmagic needs 0..n-1"
-                    )
+                    raise BadClusterShape(f"job {job!r} has task indices {indices}; tfmagic needs 0..n-1")
                 jobs[job] = [addrs[i] if i in addrs else addrs[str(i)] for i in indices]
             else:
                 jobs[job] = list(addrs)
         return cls({j: jobs[j] for j in sorted(jobs, key=_job_sort_key)})
 
     @classmethod
-    def from_json(cls, text: str) -> "ClusterDef":
+    def from_json(cls, text: str) -> ClusterDef:
         """Read a ClusterSpec dict or a whole ``TF_CONFIG`` (its ``cluster`` part)."""
         data = json.loads(text)
         if isinstance(data, dict) and "cluster" in data:
@@ -166,7 +160,7 @@ class ClusterDef:
             return False
         return t.job in self.jobs and 0 <= t.index < len(self.jobs[t.job])
 
-    def check(self, task: "str | TaskName") -> TaskName:
+    def check(self, task: str | TaskName) -> TaskName:
         """Parse ``task`` and make sure it is in this cluster, with a helpful error."""
         t = TaskName.parse(task)
         if t in self:
@@ -179,7 +173,7 @@ class ClusterDef:
             "or start a bigger cluster (%tf_cluster start ... --replace)"
         )
 
-    def address(self, task: "str | TaskName") -> str:
+    def address(self, task: str | TaskName) -> str:
         t = self.check(task)
         return self.jobs[t.job][t.index]
 
@@ -193,7 +187,7 @@ class ClusterDef:
     def as_dict(self) -> dict[str, list[str]]:
         return {job: list(addrs) for job, addrs in self.jobs.items()}
 
-    def tf_config(self, task: "str | TaskName") -> dict:
+    def tf_config(self, task: str | TaskName) -> dict:
         """The ``TF_CONFIG`` a program running as ``task`` would read."""
         t = self.check(task)
         return {"cluster": self.as_dict(), "task": {"type": t.job, "index": t.index}}

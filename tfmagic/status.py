@@ -91,7 +91,9 @@ class ClusterStatus:
         head = "".join(f"<th style='text-align:left'>{esc(h)}</th>" for h in HEADERS)
         body = []
         for row, cells in zip(self.tasks + self.spares, self._rows()):
-            colour = {"running": "#1a7f37", "failed": "#cf222e", "exited": "#cf222e"}.get(row.state, "#6e7781")
+            colour = {"running": "#1a7f37", "failed": "#cf222e", "exited": "#cf222e"}.get(
+                row.state, "#6e7781"
+            )
             tds = []
             for i, c in enumerate(cells):
                 style = f" style='color:{colour};font-weight:600'" if i == 3 else ""

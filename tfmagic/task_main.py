@@ -31,7 +31,8 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from . import protocol
 
@@ -111,6 +112,7 @@ class TaskRuntime:
         job, index = msg["job"], int(msg["index"])
         log_path = msg.get("log")
         if log_path:
+            self._move_log(log_path)
             fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             os.dup2(fd, 1)
             os.dup2(fd, 2)
@@ -124,9 +126,7 @@ class TaskRuntime:
         import json
 
         cluster = msg["cluster"]
-        os.environ["TF_CONFIG"] = json.dumps(
-            {"cluster": cluster, "task": {"type": job, "index": index}}
-        )
+        os.environ["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": job, "index": index}})
         tf = self.tf
         try:
             if msg.get("cpu_only"):
@@ -157,6 +157,22 @@ class TaskRuntime:
         print(f"tfmagic: {job}:{index} serving {self.server.target} (port {port})", flush=True)
         self.send(protocol.READY, job=job, index=index, target=self.server.target, port=port)
 
+    @staticmethod
+    def _move_log(new_path: str) -> None:
+        """A spare's log so far (its TensorFlow import) starts the task's log."""
+        try:
+            old_path = os.readlink("/proc/self/fd/2")
+        except OSError:
+            return
+        if old_path == new_path or not os.path.isfile(old_path):
+            return
+        try:
+            with open(old_path, "rb") as src, open(new_path, "ab") as dst:
+                dst.write(src.read())
+            os.unlink(old_path)
+        except OSError:
+            pass
+
     def report_env(self, msg: dict[str, Any]) -> None:
         keys = msg.get("keys") or []
         devices = []
@@ -185,6 +201,11 @@ class TaskRuntime:
             )
             self.die("TensorFlow could not be imported")
         self.tf = tf
+        print(
+            f"tfmagic: process {os.getpid()} imported TensorFlow {tf.__version__} "
+            f"in {time.monotonic() - t0:.1f} s; waiting for a role",
+            flush=True,
+        )
         self.send(protocol.WARM, import_s=round(time.monotonic() - t0, 3), tf_version=tf.__version__)
         while True:
             msg = self.ops.get()

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import enum
 import os
-import queue
 import threading
 import time
 from collections import deque
-from typing import IO, Any, Callable
+from collections.abc import Callable
+from typing import IO, Any
 
 from .. import owner, protocol
 from ..spec import TaskName
@@ -39,13 +39,13 @@ class TaskProcess:
     def __init__(
         self,
         *,
-        launcher: "Launcher",
+        launcher: Launcher,
         pid: int,
         host: str,
         to_task: IO[bytes],
         from_task: IO[bytes],
         log_path: str,
-        on_exit: Callable[["TaskProcess"], None] | None = None,
+        on_exit: Callable[[TaskProcess], None] | None = None,
     ) -> None:
         self.launcher = launcher
         self.pid = pid
@@ -70,9 +70,7 @@ class TaskProcess:
         self.listeners: list[Callable[[TaskProcess, dict[str, Any]], None]] = []
         self.recent_events: deque[dict[str, Any]] = deque(maxlen=50)
         self._on_exit = on_exit
-        self._reader = threading.Thread(
-            target=self._read_events, name=f"tfmagic-task-{pid}", daemon=True
-        )
+        self._reader = threading.Thread(target=self._read_events, name=f"tfmagic-task-{pid}", daemon=True)
         owner.register(self)
         self._reader.start()
 
@@ -155,6 +153,8 @@ class TaskProcess:
             self.task = task
             self.port = int(cluster[task.job][task.index].rsplit(":", 1)[1])
             self.state = TaskState.ASSIGNING
+            if fields.get("log"):
+                self.log_path = fields["log"]
         self.send("assign", job=task.job, index=task.index, cluster=cluster, **fields)
 
     @property

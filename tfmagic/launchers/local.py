@@ -70,7 +70,7 @@ class LocalLauncher(Launcher):
         *,
         loopback_only: bool = True,
         env: dict[str, str | None] | None = None,
-        python: "str | list[str] | None" = None,
+        python: str | list[str] | None = None,
     ):
         self.host = "127.0.0.1"
         if python is None:

@@ -1,0 +1,70 @@
+"""Every notebook in notebooks/ runs top to bottom in a real kernel, and says true things."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from .conftest import assert_gone, task_processes
+
+pytestmark = [pytest.mark.notebook, pytest.mark.cluster]
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "test-artifacts" / "notebooks"
+
+
+def execute(name: str) -> nbformat.NotebookNode:
+    nb = nbformat.read(ROOT / "notebooks" / name, as_version=4)
+    before = set(task_processes())
+    env = dict(os.environ, TFMAGIC_SPARES="0")
+    env.pop("PYTEST_CURRENT_TEST", None)
+    client = NotebookClient(
+        nb,
+        timeout=600,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(ROOT / "notebooks")}},
+        store_widget_state=True,
+    )
+    try:
+        client.execute(env=env)
+    finally:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, ARTIFACTS / name)
+    assert_gone(set(task_processes()) - before)
+    return nb
+
+
+def outputs(nb, skip: str | None = None) -> str:
+    """The text a reader sees; ``skip`` leaves out cells whose source contains it."""
+    text = []
+    for cell in nb.cells:
+        if skip and skip in cell.get("source", ""):
+            continue
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream":
+                text.append(out["text"])
+            elif "data" in out:
+                text.append(out["data"].get("text/plain", ""))
+            elif out.get("output_type") == "error":
+                text.append("\n".join(out.get("traceback", [])))
+    return "\n".join(text)
+
+
+def test_01_cluster_basics():
+    nb = execute("01_cluster_basics.ipynb")
+    text = outputs(nb)
+    assert "Cluster c1 started: 1 ps, 2 workers" in text
+    assert "w lives on /job:ps/replica:0/task:0" in text
+    assert "y computed on /job:worker/replica:0/task:1" in text
+    m = re.search(r"w = ([\d.]+), b = ([\d.]+), loss", text)
+    assert m and abs(float(m.group(1)) - 2) < 0.01 and abs(float(m.group(2)) - 10) < 0.01, text[-3000:]
+    m = re.search(r"TF1 session on grpc://127.0.0.1:\d+ -> w = ([\d.]+), b = ([\d.]+)", text)
+    assert m and abs(float(m.group(1)) - 2) < 0.05 and abs(float(m.group(2)) - 10) < 0.05
+    assert "Stopped cluster c1 (3 tasks)" in text
+    quiet = outputs(nb, skip="%tf_cluster logs")  # a task's own log keeps TF's lines, as it should
+    for noise in ("E0000", "CloseContext", "Traceback"):
+        assert noise not in quiet
