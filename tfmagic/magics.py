@@ -18,12 +18,11 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
-from . import cluster as cluster_mod
 from . import owner
 from .cluster import LocalCluster, current_cluster, set_current
 from .errors import ClusterStartError, TfmagicError
 from .pool import default_pool, parse_bytes
-from .procstats import human_bytes, human_seconds
+from .procstats import human_bytes, human_seconds, memory_of
 from .spec import ClusterShape, TaskName
 
 ACTIONS = ("start", "stop", "status", "logs", "spec", "spares")
@@ -286,7 +285,7 @@ class TfMagics(Magics):
         spares = pool.processes()
         print(
             f"Spare budget {human_bytes(pool.budget)}; {len(spares)} warm spare process"
-            f"{'es' if len(spares) != 1 else ''} ({human_bytes(sum((cluster_mod.memory_of(p.pid) or {}).get('pss', 0) for p in spares))} PSS)."
+            f"{'es' if len(spares) != 1 else ''} ({human_bytes(sum((memory_of(p.pid) or {}).get('pss', 0) for p in spares))} PSS)."
         )
 
     # -- %%tf_device ---------------------------------------------------------
@@ -379,12 +378,13 @@ def load(ipython) -> None:
 def unload(ipython) -> None:
     """Stop the cluster and every spare this kernel started; restore stderr."""
     global _filter
+    killed = len(owner.processes())
     cluster = current_cluster()
     if cluster is not None:
         cluster.close()
         set_current(None)
     default_pool().shutdown()
-    killed = owner.kill_all()
+    owner.kill_all()
     if _filter is not None:
         from . import logfilter
 
