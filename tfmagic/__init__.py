@@ -36,13 +36,19 @@ _EXPORTS = {
     "ClusterDef": "spec",
     "ClusterShape": "spec",
     "TaskName": "spec",
+    "train": "training",
+    "compare": "training",
+    "TrainingRun": "training",
+    "TrainingError": "training",
+    "KerasModel": "training",
+    "History": "metrics",
 }
 
 
 def __getattr__(name: str):
     module = _EXPORTS.get(name)
     if module is None:
-        if name in ("launchers", "owner", "pool", "client", "magics", "spec", "errors", "cluster"):
+        if name in ("launchers", "owner", "pool", "client", "magics", "spec", "errors", "cluster", "training", "metrics"):
             import importlib
 
             return importlib.import_module(f".{name}", __name__)

@@ -16,6 +16,51 @@ from collections.abc import Iterator
 from .spec import ClusterDef, TaskName
 
 _lock = threading.RLock()
+
+
+class _Gate:
+    """Many remote calls at once, or one (re)connection, never both.
+
+    TensorFlow's connect waits for every op in flight; a training engine
+    whose threads are mid-call would otherwise race a reconnection after a
+    task restart.  Engines wrap each remote call in ``gate.call()``.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._calls = 0
+        self._exclusive = False
+
+    @contextlib.contextmanager
+    def call(self) -> Iterator[None]:
+        with self._cond:
+            while self._exclusive:
+                self._cond.wait()
+            self._calls += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._calls -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            while self._exclusive:
+                self._cond.wait()
+            self._exclusive = True
+            while self._calls:
+                self._cond.wait()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()
+
+
+gate = _Gate()
 _connected: tuple[int, tuple] | None = None  # (cluster id, frozen spec)
 _generation = 0
 
@@ -84,10 +129,16 @@ def connect(owner_id: int, defn: ClusterDef, *, force: bool = False) -> bool:
     with _lock:
         if _connected == key and not force:
             return False
+        import os
+
         import tensorflow as tf
 
         _install_quiet_hook()
-        tf.config.experimental_connect_to_cluster(resolver(defn), make_master_device_default=False)
+        # A call to a dead task should fail at once (the engine then knows the
+        # task is lost), not wait for it to come back.
+        os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
+        with gate.exclusive():
+            tf.config.experimental_connect_to_cluster(resolver(defn), make_master_device_default=False)
         _connected = key
         _generation += 1
         return True

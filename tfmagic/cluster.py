@@ -70,6 +70,16 @@ class StartOutcome:
     notes: list[str] = field(default_factory=list)
 
 
+@dataclass
+class ClusterEvent:
+    """Something that happened to a task: ``slow``, ``kill``, ``restart``, ``lost``."""
+
+    time: float
+    kind: str
+    task: str
+    detail: str = ""
+
+
 class _PortTaken(Exception):
     """A task's port was taken between picking it and binding it."""
 
@@ -132,8 +142,11 @@ class Cluster:
         self.cluster_def: ClusterDef | None = None
         self.started_at: float | None = None
         self._lock = threading.RLock()
-        self._stopped_on_purpose: set[int] = set()
+        self._killed_on_purpose: set[int] = set()
         self.last_outcome: StartOutcome | None = None
+        self.slowness: dict[TaskName, float] = {}
+        self.events: list[ClusterEvent] = []
+        self.listeners: list[Callable[[ClusterEvent], None]] = []
 
     # -- configuration ---------------------------------------------------
     @staticmethod
@@ -288,7 +301,32 @@ class Cluster:
                     proc.listeners.remove(listener)
         self.procs = procs
         self.cluster_def = defn
+        self.slowness = {}
+        for task, proc in procs.items():
+            self._watch(task, proc)
         return warm, len(tasks) - warm
+
+    def _watch(self, task: TaskName, proc: TaskProcess) -> None:
+        def on_event(p: TaskProcess, msg: dict) -> None:
+            if (
+                msg.get("event") == "exit"
+                and p.pid not in self._killed_on_purpose
+                and self.procs.get(task) is p
+            ):
+                self.emit("lost", task, f"process {p.pid} ended (exit code {msg.get('code')})")
+
+        proc.listeners.append(on_event)
+
+    def emit(self, kind: str, task: TaskName | str, detail: str = "") -> ClusterEvent:
+        """Record an event and tell every listener (dashboards, training runs)."""
+        event = ClusterEvent(time.time(), kind, str(task), detail)
+        self.events.append(event)
+        for listener in list(self.listeners):
+            try:
+                listener(event)
+            except Exception:  # noqa: BLE001 - a broken listener must not break the cluster
+                pass
+        return event
 
     def _check_accepts(self, task: TaskName, proc: TaskProcess, address: str) -> None:
         host, port = address.rsplit(":", 1)
@@ -315,8 +353,10 @@ class Cluster:
             procs, self.procs = self.procs, {}
             self.cluster_def = None
             client.forget(self.id)
+            self._killed_on_purpose.update(p.pid for p in procs.values())
         for proc in procs.values():
             proc.kill()
+        self.emit("stop", "cluster", f"{len(procs)} tasks stopped")
 
     def close(self) -> None:
         """Stop if running; never raises for a cluster that is already stopped."""
@@ -380,6 +420,101 @@ class Cluster:
         with client.on_task(t) as name:
             yield name
 
+    # -- stragglers and failures, on purpose --------------------------------
+    def _live(self, task: str | TaskName) -> tuple[TaskName, TaskProcess]:
+        t = self.check_task(task)
+        proc = self.procs[t]
+        if not proc.alive:
+            raise TaskLost(f"{t} (pid {proc.pid}) is not running; restart it first: cluster.restart('{t}')")
+        return t, proc
+
+    def slow(self, task: str | TaskName, factor: float = 4.0) -> None:
+        """Make ``task`` run at 1/``factor`` of its speed; ``factor=1`` restores.
+
+        The task's process is paused and resumed many times a second (see
+        :mod:`tfmagic.throttle`), so everything it does slows down, whoever
+        asks: a training loop, a ``%%tf_device`` cell, another program.
+        """
+        try:
+            factor = float(factor)
+        except (TypeError, ValueError):
+            raise ValueError(f"factor must be a number >= 1, not {factor!r}") from None
+        if not factor >= 1.0 or factor == float("inf"):
+            raise ValueError(f"factor must be a number >= 1 (1 restores full speed), not {factor:g}")
+        t, proc = self._live(task)
+        proc.request("slow", factor=factor, timeout=15)
+        if factor > 1:
+            self.slowness[t] = factor
+        else:
+            self.slowness.pop(t, None)
+        self.emit("slow", t, f"x{factor:g}" if factor > 1 else "full speed")
+
+    def kill(self, task: str | TaskName) -> None:
+        """End ``task``'s process now (SIGKILL), as a crash would."""
+        t, proc = self._live(task)
+        self._killed_on_purpose.add(proc.pid)
+        proc.kill()
+        self.slowness.pop(t, None)
+        self.emit("kill", t, f"process {proc.pid} killed")
+
+    def restart(self, task: str | TaskName, timeout: float | None = None) -> StartOutcome:
+        """Start ``task`` again on its old address (a warm spare when there is one).
+
+        If this process is connected to the cluster the connection is renewed
+        (a restarted task would otherwise answer ``Unable to find a
+        context_id``); ps variables on other tasks keep their values.
+        """
+        t = self.check_task(task)
+        defn = self._need_running()
+        old = self.procs[t]
+        if old.alive:
+            self._killed_on_purpose.add(old.pid)
+            old.kill()
+        t0 = time.monotonic()
+        deadline = t0 + (timeout or self.start_timeout)
+        log = str(self.log_dir / f"{t.slug}.log")
+        taken = self.pool.take(self.launcher, 1) if self.use_spares else []
+        warm = bool(taken and taken[0].warm_at)
+        for attempt in range(1, 30):  # noqa: B007 - reported in the outcome
+            proc = taken.pop() if taken else self.launcher.spawn(log)
+            if not proc.wait_for(
+                lambda p=proc: p.state is not TaskState.IMPORTING, deadline - time.monotonic()
+            ):
+                proc.kill()
+                raise self._failure(t, proc, "was not up in time after a restart", timed_out=True)
+            if proc.state is TaskState.SPARE:
+                proc.assign(
+                    t,
+                    defn.as_dict(),
+                    env=self.task_env(t),
+                    log=log,
+                    cpu_only=t.job == "ps",
+                    threads=_threads_for(t.job, len(self.procs)),
+                )
+                proc.wait_for(lambda p=proc: p.state is not TaskState.ASSIGNING, deadline - time.monotonic())
+            if proc.state is TaskState.RUNNING:
+                break
+            failure = proc.failure or f"exit code {proc.exit_code}"
+            proc.kill()
+            if "Could not start gRPC server" in failure and time.monotonic() < deadline:
+                time.sleep(0.2)  # the old listener may still be closing
+                continue
+            raise self._failure(t, proc, f"could not restart: {failure}")
+        else:  # pragma: no cover - 30 port clashes in a row
+            raise ClusterStartError(f"{t} could not get its port {defn.address(t)} back")
+        self._check_accepts(t, proc, defn.address(t))
+        self.procs[t] = proc
+        self._watch(t, proc)
+        self.slowness.pop(t, None)
+        if client.is_connected(self.id):
+            client.connect(self.id, defn, force=True)
+        self.emit("restart", t, f"process {proc.pid}" + (" (warm spare)" if warm else ""))
+        if self.use_spares:
+            self.pool.fill_later(self.launcher, self.shape.size)
+        return StartOutcome(
+            "restarted", seconds=time.monotonic() - t0, warm=int(warm), cold=int(not warm), attempts=attempt
+        )
+
     # -- inspection ------------------------------------------------------
     def logs(self, task: str | TaskName, tail: int | None = 50) -> str:
         """The last ``tail`` lines of a task's log (everything for ``None``)."""
@@ -409,7 +544,11 @@ class Cluster:
         rows = []
         defn = self.cluster_def
         for task, proc in self.procs.items():
-            rows.append(self._row(str(task), defn.address(task) if defn else "-", proc))
+            row = self._row(str(task), defn.address(task) if defn else "-", proc)
+            if task in self.slowness:
+                row.note = f"slowed x{self.slowness[task]:g}"
+                row.slowness = self.slowness[task]
+            rows.append(row)
         spares = [self._row("spare", "-", p) for p in self.pool.processes()]
         notes = []
         if not rows:

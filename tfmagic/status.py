@@ -25,6 +25,7 @@ class TaskStatus:
     uptime_s: float | None = None
     host: str = "127.0.0.1"
     note: str = ""
+    slowness: float = 1.0
 
     def cells(self) -> list[str]:
         return [

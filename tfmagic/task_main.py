@@ -27,6 +27,7 @@ import os
 import queue
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -58,6 +59,8 @@ class TaskRuntime:
         self.task: tuple[str, int] | None = None
         self.tf = None
         self._parent = os.getppid()
+        self._throttle: subprocess.Popen | None = None
+        self.slow_factor = 1.0
 
     # -- channel ---------------------------------------------------------
     def send(self, event: str, **fields: Any) -> None:
@@ -105,6 +108,35 @@ class TaskRuntime:
             time.sleep(0.5)
             if os.getppid() != self._parent:
                 self.die("the owner process is gone (parent changed)")
+
+    # -- urgent ops: handled on the reader thread, even while a cell runs ---
+    def urgent_slow(self, msg: dict[str, Any]) -> None:
+        """Run at 1/factor speed (``tfmagic.throttle``); factor 1 restores."""
+        factor = float(msg.get("factor", 1.0))
+        if self._throttle is not None:
+            self._throttle.terminate()
+            try:
+                self._throttle.wait(5)
+            except subprocess.TimeoutExpired:
+                self._throttle.kill()
+            self._throttle = None
+            os.kill(os.getpid(), signal.SIGCONT)
+        if factor > 1.0:
+            self._throttle = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "tfmagic.throttle",
+                    str(os.getpid()),
+                    str(factor),
+                    str(msg.get("period_ms", 20.0)),
+                ],
+                stdin=subprocess.DEVNULL,
+                close_fds=True,
+            )
+        self.slow_factor = factor
+        print(f"tfmagic: running at 1/{factor:g} speed" if factor > 1 else "tfmagic: full speed", flush=True)
+        self.send("slowed", id=msg.get("id"), factor=factor)
 
     # -- ops -------------------------------------------------------------
     def assign(self, msg: dict[str, Any]) -> None:

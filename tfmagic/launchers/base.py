@@ -45,7 +45,6 @@ class TaskProcess:
         to_task: IO[bytes],
         from_task: IO[bytes],
         log_path: str,
-        on_exit: Callable[[TaskProcess], None] | None = None,
     ) -> None:
         self.launcher = launcher
         self.pid = pid
@@ -69,7 +68,6 @@ class TaskProcess:
         self._next_id = 0
         self.listeners: list[Callable[[TaskProcess, dict[str, Any]], None]] = []
         self.recent_events: deque[dict[str, Any]] = deque(maxlen=50)
-        self._on_exit = on_exit
         self._reader = threading.Thread(target=self._read_events, name=f"tfmagic-task-{pid}", daemon=True)
         owner.register(self)
         self._reader.start()
@@ -88,8 +86,8 @@ class TaskProcess:
                 self.state = TaskState.EXITED
             self._cond.notify_all()
         owner.forget(self)
-        if self._on_exit is not None:
-            self._on_exit(self)
+        for listener in list(self.listeners):
+            listener(self, {"event": "exit", "code": code})
 
     def _on_event(self, msg: dict[str, Any]) -> None:
         event = msg.get("event")

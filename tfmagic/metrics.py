@@ -1,0 +1,241 @@
+"""What training did, step by step: thread-safe records, no UI.
+
+The training engine (and ``%%tf_px`` cells that report steps) append
+:class:`StepRecord` s and :class:`Event` s to a :class:`History`; the
+dashboard, TensorBoard writers and notebooks read it.  Everything here is
+plain Python so it can be tested and used without TensorFlow or widgets.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class StepRecord:
+    """One worker step.
+
+    ``step`` is the global step whose parameters the worker read; ``applied``
+    says whether its gradient changed the model (async: always; sync: if it
+    was among the first ``replicas_to_aggregate``); ``staleness`` (async) is
+    how many other updates landed between reading and applying.
+    """
+
+    task: str
+    step: int
+    start: float
+    end: float
+    loss: float
+    mode: str = "async"
+    local_step: int = 0
+    staleness: int = 0
+    applied: bool = True
+    dropped: bool = False
+    examples: int = 0
+    run: str = ""
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+@dataclass
+class Event:
+    """Something worth marking on a plot: a worker slowed, killed, restarted, lost..."""
+
+    time: float
+    kind: str
+    task: str = ""
+    detail: str = ""
+    step: int | None = None
+    run: str = ""
+
+
+@dataclass
+class GlobalStep:
+    """One update of the shared model (sync: after aggregation)."""
+
+    step: int
+    time: float
+    loss: float
+    aggregated: tuple[str, ...] = ()
+    dropped: tuple[str, ...] = ()
+    run: str = ""
+
+
+class History:
+    """Everything one training run recorded.  Safe to read while it grows.
+
+    >>> h = History(mode="async")
+    >>> h.add_step(StepRecord("worker:0", 0, 0.0, 0.5, 1.0, examples=32))
+    >>> h.throughput()["worker:0"]["steps_per_s"]
+    2.0
+    """
+
+    def __init__(self, mode: str, run: str = "", workers: Iterable[str] = ()) -> None:
+        self.mode = mode
+        self.run = run or mode
+        self.workers = list(workers)
+        self.records: list[StepRecord] = []
+        self.global_steps: list[GlobalStep] = []
+        self.events: list[Event] = []
+        self.started_at = time.time()
+        self.ended_at: float | None = None
+        self.final_loss: float | None = None  # on held-out data
+        self.final_accuracy: float | None = None
+        self.error: str | None = None
+        self.checkpoint: str | None = None
+        self.config: dict = {}
+        self._lock = threading.Lock()
+        self.listeners: list[Callable[[str, object], None]] = []
+
+    # -- writing (engine threads) -------------------------------------------
+    def _notify(self, kind: str, item: object) -> None:
+        for listener in list(self.listeners):
+            try:
+                listener(kind, item)
+            except Exception:  # noqa: BLE001 - a broken listener must not stop training
+                pass
+
+    def add_step(self, record: StepRecord) -> None:
+        record.run = record.run or self.run
+        with self._lock:
+            self.records.append(record)
+        self._notify("step", record)
+
+    def add_global(self, gstep: GlobalStep) -> None:
+        gstep.run = gstep.run or self.run
+        with self._lock:
+            self.global_steps.append(gstep)
+        self._notify("global", gstep)
+
+    def add_event(
+        self, kind: str, task: str = "", detail: str = "", step: int | None = None, when: float | None = None
+    ) -> Event:
+        event = Event(when or time.time(), kind, task, detail, step, self.run)
+        with self._lock:
+            self.events.append(event)
+        self._notify("event", event)
+        return event
+
+    # -- reading -------------------------------------------------------------
+    def snapshot(self) -> tuple[list[StepRecord], list[GlobalStep], list[Event]]:
+        with self._lock:
+            return list(self.records), list(self.global_steps), list(self.events)
+
+    @property
+    def steps(self) -> int:
+        """Global updates applied so far."""
+        with self._lock:
+            return len(self.global_steps)
+
+    @property
+    def done(self) -> bool:
+        return self.ended_at is not None
+
+    def by_task(self) -> dict[str, list[StepRecord]]:
+        out: dict[str, list[StepRecord]] = defaultdict(list)
+        for r in self.snapshot()[0]:
+            out[r.task].append(r)
+        return dict(out)
+
+    def throughput(self, since: float | None = None) -> dict[str, dict[str, float]]:
+        """Steps/s and examples/s per task (and ``total``), over each task's active time."""
+        out: dict[str, dict[str, float]] = {}
+        total_steps = total_examples = 0
+        first, last = None, None
+        for task, recs in sorted(self.by_task().items()):
+            if since is not None:
+                recs = [r for r in recs if r.end >= since]
+            if not recs:
+                continue
+            t0 = min(r.start for r in recs)
+            t1 = max(r.end for r in recs)
+            span = max(t1 - t0, 1e-9)
+            ex = sum(r.examples for r in recs)
+            out[task] = {"steps": len(recs), "steps_per_s": len(recs) / span, "examples_per_s": ex / span}
+            total_steps += len(recs)
+            total_examples += ex
+            first = t0 if first is None else min(first, t0)
+            last = t1 if last is None else max(last, t1)
+        if first is not None:
+            span = max(last - first, 1e-9)
+            out["total"] = {
+                "steps": total_steps,
+                "steps_per_s": total_steps / span,
+                "examples_per_s": total_examples / span,
+            }
+        return out
+
+    def dropped(self) -> dict[str, int]:
+        """Gradients dropped as stale, per task (sync with backup workers)."""
+        out: dict[str, int] = defaultdict(int)
+        for r in self.snapshot()[0]:
+            if r.dropped:
+                out[r.task] += 1
+        return dict(out)
+
+    def staleness(self) -> dict[str, float]:
+        """Mean staleness per task (async)."""
+        out = {}
+        for task, recs in self.by_task().items():
+            applied = [r.staleness for r in recs if r.applied]
+            if applied:
+                out[task] = sum(applied) / len(applied)
+        return out
+
+    def loss_curve(self) -> list[tuple[int, float, float]]:
+        """(global step, seconds since start, loss) of every update."""
+        return [(g.step, g.time - self.started_at, g.loss) for g in self.snapshot()[1]]
+
+    def mean_step_time(self, last: int | None = None) -> float | None:
+        """Mean wall time between global updates (the last ``last`` of them)."""
+        g = self.snapshot()[1]
+        if last:
+            g = g[-(last + 1) :]
+        if len(g) < 2:
+            return None
+        return (g[-1].time - g[0].time) / (len(g) - 1)
+
+    def as_dict(self) -> dict:
+        recs, gsteps, events = self.snapshot()
+        return {
+            "mode": self.mode,
+            "run": self.run,
+            "records": [asdict(r) for r in recs],
+            "global_steps": [asdict(g) for g in gsteps],
+            "events": [asdict(e) for e in events],
+            "final_loss": self.final_loss,
+            "final_accuracy": self.final_accuracy,
+            "error": self.error,
+        }
+
+    def summary(self) -> str:
+        tp = self.throughput()
+        lines = [
+            f"{self.run}: {self.steps} updates"
+            + (f", held-out loss {self.final_loss:.4f}" if self.final_loss is not None else "")
+            + (f", accuracy {self.final_accuracy:.3f}" if self.final_accuracy is not None else "")
+            + (f" (stopped: {self.error})" if self.error else "")
+        ]
+        drops, stale = self.dropped(), self.staleness()
+        for task, row in tp.items():
+            extra = ""
+            if task in drops:
+                extra += f", {drops[task]} dropped as stale"
+            if task in stale and self.mode == "async":
+                extra += f", mean staleness {stale[task]:.2f}"
+            lines.append(
+                f"  {task:9s} {row['steps']:5d} steps  {row['steps_per_s']:7.1f} steps/s  {row['examples_per_s']:9.0f} examples/s{extra}"
+            )
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"<History {self.run}: {self.steps} updates, {len(self.records)} worker steps>"
+
+    def _repr_pretty_(self, p, cycle) -> None:
+        p.text(self.summary())

@@ -1,0 +1,115 @@
+"""Training on a cluster: ``tfmagic.train`` and ``tfmagic.compare``.
+
+>>> history = tfmagic.train(cluster, mode="sync", model="digits", steps=200)     # doctest: +SKIP
+>>> run = tfmagic.train(cluster, mode="async", steps=500, block=False)            # doctest: +SKIP
+>>> run.history.throughput(); run.wait()                                          # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import threading
+
+from ..metrics import History
+from .engine import MODES, TrainingError, TrainingRun
+from .models import Digits, KerasModel, Linear, Model
+
+__all__ = ["Comparison", "Digits", "KerasModel", "Linear", "Model", "TrainingError", "TrainingRun", "compare", "train"]
+
+
+def train(cluster, mode: str = "sync", *, block: bool = True, **kwargs) -> History | TrainingRun:
+    """Train on ``cluster``; returns the :class:`~tfmagic.metrics.History`.
+
+    With ``block=False`` it trains in a background thread and returns the
+    :class:`TrainingRun` at once (``.wait()``, ``.stop()``, live ``.history``).
+    Keyword arguments: ``model`` ("linear", "digits" or a ``KerasModel``),
+    ``steps``, ``lr``, ``batch_size`` (per worker), ``backup_workers`` (sync),
+    ``optimizer`` ("sgd", "momentum", "adagrad"), ``seed``, ``logdir``
+    (TensorBoard), ``checkpoint_every``, ``name``.
+    """
+    run = TrainingRun(cluster, mode, **kwargs).start()
+    if not block:
+        return run
+    try:
+        return run.wait()
+    except KeyboardInterrupt:
+        run.stop()
+        raise
+
+
+class Comparison:
+    """Several runs of the same model from the same initial weights and data, one after another."""
+
+    def __init__(self, cluster, modes=("sync", "async"), **kwargs) -> None:
+        for m in modes:
+            if m not in MODES:
+                raise TrainingError(f"mode must be one of {', '.join(MODES)}, not {m!r}")
+        model = kwargs.pop("model", "linear")
+        from .models import resolve
+
+        try:
+            model = resolve(model)
+        except (ValueError, TypeError) as exc:
+            raise TrainingError(str(exc)) from None
+        self.runs: list[TrainingRun] = []
+        for m in modes:
+            opts = dict(kwargs)
+            if m == "async":
+                opts.pop("backup_workers", None)
+            self.runs.append(TrainingRun(cluster, m, model=model, name=m, **opts))
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.current: TrainingRun | None = None
+
+    @property
+    def histories(self) -> list[History]:
+        return [r.history for r in self.runs]
+
+    def start(self) -> Comparison:
+        def go():
+            for run in self.runs:
+                if self._stop.is_set():
+                    break
+                self.current = run
+                run.start()
+                run.wait(raise_error=False)
+            self.current = None
+
+        self._thread = threading.Thread(target=go, name="tfmagic-compare", daemon=True)
+        self._thread.start()
+        return self
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def wait(self, timeout: float | None = None) -> list[History]:
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return self.histories
+
+    def stop(self) -> list[History]:
+        self._stop.set()
+        if self.current is not None:
+            self.current.stop()
+        return self.wait()
+
+    def table(self) -> str:
+        """Side by side: updates, time, throughput, final held-out loss."""
+        rows = ["run     updates  seconds  steps/s  examples/s  held-out loss  accuracy"]
+        for h in self.histories:
+            tp = h.throughput().get("total", {})
+            secs = (h.ended_at or h.started_at) - h.started_at
+            acc = "-" if h.final_accuracy is None else f"{h.final_accuracy:.3f}"
+            loss = "-" if h.final_loss is None else f"{h.final_loss:.4f}"
+            rows.append(
+                f"{h.run:7s} {h.steps:7d}  {secs:7.1f}  {tp.get('steps_per_s', 0):7.1f}  {tp.get('examples_per_s', 0):10.0f}  {loss:>13s}  {acc:>8s}"
+            )
+        return "\n".join(rows)
+
+
+def compare(cluster, modes=("sync", "async"), *, block: bool = True, **kwargs) -> Comparison:
+    """Run ``modes`` one after another from the same initial weights and data."""
+    comp = Comparison(cluster, modes, **kwargs).start()
+    if block:
+        comp.wait()
+    return comp

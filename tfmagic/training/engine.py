@@ -1,0 +1,599 @@
+"""Sync and async parameter-server training, driven by this process (the client).
+
+The variables live on the ps tasks (spread round-robin when there are
+several); each worker holds its own shard of the data in its own memory and
+computes on it; this process only tells workers when to step and records
+what happened.  One Python thread per worker makes one remote call per step.
+
+* **async** (Downpour-style): each worker's step reads the parameters,
+  computes a gradient on its next batch and applies it at once, all in one
+  call to that worker.  Staleness (updates by others between the read and
+  the apply) is returned by the same call.
+* **sync** (the semantics of ``SyncReplicasOptimizer(replicas_to_aggregate,
+  total_num_replicas)``): every worker computes a gradient from the current
+  parameters; the first ``workers - backup_workers`` to arrive are averaged
+  and applied as one update on the ps; gradients that arrive later were
+  computed from old parameters and are dropped and counted.
+
+Failures are handled as a class should see them: async goes on without a
+lost worker; sync with backups goes on while enough workers remain; sync
+without backups fails fast with a clear message; a lost ps stops training
+within seconds, and :meth:`TrainingRun.resume` continues from the last
+checkpoint once the ps is restarted.  A restarted worker rejoins.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .. import client
+from ..errors import TfmagicError
+from ..metrics import GlobalStep, History, StepRecord
+from ..spec import TaskName
+from .models import Model, resolve
+from .optimizers import Optimizer
+
+MODES = ("sync", "async")
+
+
+class TrainingError(TfmagicError):
+    """Training could not go on; the message says why and what to do."""
+
+
+@dataclass
+class _Worker:
+    """What the engine keeps per worker task."""
+
+    task: TaskName
+    index: int
+    fn: Callable | None = None
+    counter: object = None
+    lost: bool = False
+    rebuild: bool = False
+    errors: int = 0
+    last_step: int = -1
+    local_step: int = 0
+    thread: threading.Thread | None = None
+    tensors: list = field(default_factory=list)
+
+
+@dataclass
+class _Result:
+    step: int
+    worker: _Worker
+    loss: float
+    grads: list
+    start: float
+    end: float
+
+
+class TrainingRun:
+    """One training run on a cluster; :func:`tfmagic.train` makes and starts it.
+
+    ``history`` grows while it runs; ``wait()`` returns it when done;
+    ``stop()`` ends it after the current step; ``resume()`` continues a run
+    that stopped (for example after its ps was lost and restarted) from its
+    last checkpoint.
+    """
+
+    def __init__(
+        self,
+        cluster,
+        mode: str = "sync",
+        model="linear",
+        steps: int = 200,
+        lr: float = 0.1,
+        batch_size: int = 32,
+        backup_workers: int = 0,
+        optimizer: str = "sgd",
+        seed: int = 0,
+        logdir: str | os.PathLike | None = None,
+        checkpoint_every: int = 50,
+        checkpoint_dir: str | os.PathLike | None = None,
+        name: str | None = None,
+        initial_weights: list | None = None,
+    ) -> None:
+        if mode not in MODES:
+            raise TrainingError(f"mode must be 'sync' or 'async', not {mode!r}")
+        if cluster is None or not cluster.running:
+            raise TrainingError("the cluster is not running; start it first (cluster.start() or %tf_cluster start)")
+        self.workers_n = cluster.shape.workers
+        for label, value, lo in (("steps", steps, 1), ("batch_size", batch_size, 1), ("backup_workers", backup_workers, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+                raise TrainingError(f"{label} must be a whole number >= {lo}, not {value!r}")
+        if backup_workers >= self.workers_n:
+            raise TrainingError(
+                f"backup_workers={backup_workers} leaves no gradient to aggregate with {self.workers_n} workers; "
+                f"use at most {self.workers_n - 1}"
+            )
+        if backup_workers and mode == "async":
+            raise TrainingError("backup_workers only makes sense for mode='sync' (async never waits)")
+        if not lr > 0:
+            raise TrainingError(f"lr must be > 0, not {lr!r}")
+        self.cluster = cluster
+        self.mode = mode
+        try:
+            self.model: Model = resolve(model)
+        except (ValueError, TypeError) as exc:
+            raise TrainingError(str(exc)) from None
+        self.steps = steps
+        self.batch_size = batch_size
+        self.backup_workers = backup_workers
+        self.replicas_to_aggregate = self.workers_n - backup_workers
+        try:
+            self.optimizer = Optimizer(optimizer, lr)
+        except ValueError as exc:
+            raise TrainingError(str(exc)) from None
+        self.seed = seed
+        self.logdir = Path(logdir) if logdir else None
+        self.checkpoint_every = max(1, int(checkpoint_every))
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else Path(tempfile.mkdtemp(prefix="tfmagic-ckpt-"))
+        self.name = name or mode
+        self.initial_weights = initial_weights
+        self.history = History(mode, run=self.name, workers=[f"worker:{i}" for i in range(self.workers_n)])
+        self.history.config = {
+            "mode": mode,
+            "model": self.model.name,
+            "steps": steps,
+            "lr": lr,
+            "batch_size": batch_size,
+            "backup_workers": backup_workers,
+            "optimizer": optimizer,
+            "workers": self.workers_n,
+            "ps": cluster.shape.ps,
+        }
+        self.error: TrainingError | None = None
+        self._stop = threading.Event()
+        self._fatal: TrainingError | None = None
+        self._thread: threading.Thread | None = None
+        self._start_step = 0
+        self._cond = threading.Condition()
+        self._current = -1
+        self._results: queue.Queue[_Result] = queue.Queue()
+        self._workers: dict[TaskName, _Worker] = {}
+        self._last_checkpoint_step = -1
+        self._writer = None
+
+    # -- control -------------------------------------------------------------
+    def start(self) -> TrainingRun:
+        self._thread = threading.Thread(target=self._main, name=f"tfmagic-train-{self.name}", daemon=True)
+        self._thread.start()
+        return self
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def wait(self, timeout: float | None = None, raise_error: bool = True) -> History:
+        """Block until training ends; raises :class:`TrainingError` if it failed."""
+        if self._thread is not None:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while self._thread.is_alive():
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError(f"training {self.name} still running after {timeout:g} s")
+                self._thread.join(0.1 if remaining is None else min(remaining, 0.1))
+        if self.error is not None and raise_error:
+            raise self.error
+        return self.history
+
+    def stop(self, wait: bool = True) -> History:
+        """End training after the current step (a run ended this way is not an error)."""
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        if wait:
+            return self.wait(raise_error=False)
+        return self.history
+
+    def resume(self, block: bool = True) -> TrainingRun:
+        """Continue from the last checkpoint, e.g. after a lost ps was restarted."""
+        if self.running:
+            raise TrainingError(f"training {self.name} is still running; stop() it first")
+        ckpt = self.last_checkpoint()
+        if ckpt is None:
+            raise TrainingError(f"training {self.name} has no checkpoint yet; start a new run instead")
+        data = np.load(ckpt)
+        self.initial_weights = [data[f"w{i}"] for i in range(int(data["n_weights"]))]
+        self._slot_values = [data[f"s{i}"] for i in range(int(data["n_slots"]))]
+        self._start_step = int(data["step"])
+        self.error = None
+        self._fatal = None
+        self._stop.clear()
+        self.history.error = None
+        self.history.ended_at = None
+        self.history.add_event("resume", detail=f"from checkpoint at step {self._start_step}", step=self._start_step)
+        self.start()
+        if block:
+            self.wait()
+        return self
+
+    def last_checkpoint(self) -> Path | None:
+        path = self.checkpoint_dir / f"{self.name}.npz"
+        return path if path.exists() else None
+
+    # -- main ----------------------------------------------------------------
+    def _main(self) -> None:
+        self.cluster.listeners.append(self._on_cluster_event)
+        try:
+            self._setup()
+            if self.mode == "sync":
+                self._run_sync()
+            else:
+                self._run_async()
+            if self._fatal is not None:
+                raise self._fatal
+            self._checkpoint(force=True)
+            self._evaluate()
+        except TrainingError as exc:
+            self.error = exc
+        except Exception as exc:  # noqa: BLE001 - turned into a TrainingError with evidence
+            self.error = self._explain(exc)
+        finally:
+            self._stop.set()
+            with self._cond:
+                self._cond.notify_all()
+            for w in self._workers.values():
+                if w.thread is not None:
+                    w.thread.join(30)
+            if self._on_cluster_event in self.cluster.listeners:
+                self.cluster.listeners.remove(self._on_cluster_event)
+            if self.error is not None:
+                self.history.error = str(self.error)
+                self.history.add_event("error", detail=str(self.error))
+            self.history.ended_at = time.time()
+            if self._writer is not None:
+                self._writer.close()
+
+    def _explain(self, exc: Exception) -> TrainingError:
+        lost = [str(t) for t, p in self.cluster.procs.items() if not p.alive]
+        if lost:
+            return TrainingError(f"training stopped: {', '.join(lost)} is gone ({type(exc).__name__}); restart it and resume()")
+        return TrainingError(f"training stopped: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+
+    # -- setup ---------------------------------------------------------------
+    def _ps_tasks(self) -> list[TaskName]:
+        shape = self.cluster.shape
+        if shape.ps:
+            return [TaskName("ps", i) for i in range(shape.ps)]
+        return [TaskName("worker", 0)]
+
+    def _setup(self) -> None:
+        import tensorflow as tf
+
+        self.cluster.connect()
+        ps = self._ps_tasks()
+        init = self.initial_weights or self.model.initial_weights(self.seed)
+        with client.gate.call():
+            self.variables = []
+            for i, value in enumerate(init):
+                with tf.device(ps[i % len(ps)].device):
+                    self.variables.append(tf.Variable(value, name=f"w{i}"))
+            with tf.device(ps[0].device):
+                self.global_step = tf.Variable(self._start_step, dtype=tf.int64, name="global_step")
+            self.optimizer.create_slots(self.variables)
+            if getattr(self, "_slot_values", None):
+                self.optimizer.load_state(self._slot_values)
+        self._apply = self._make_apply() if self.mode == "sync" else None
+        self._workers = {}
+        for i in range(self.workers_n):
+            w = _Worker(TaskName("worker", i), i)
+            self._workers[w.task] = w
+            if self.cluster.procs[w.task].alive:
+                self._place(w)
+            else:
+                w.lost = True
+        if self.logdir is not None:
+            from .tensorboard import SummaryWriterThread
+
+            self._writer = SummaryWriterThread(self.logdir / self.name, self.history)
+        self.history.add_event("start", detail=f"{self.mode}, {self.workers_n} workers", step=self._start_step)
+
+    def _place(self, w: _Worker) -> None:
+        """Put this worker's data shard in its memory and build its step function."""
+        import tensorflow as tf
+
+        x, y = self.model.data.shard(w.index, self.workers_n)
+        n = len(x)
+        batch = self.batch_size
+        model, variables, opt, gstep = self.model, self.variables, self.optimizer, self.global_step
+        with client.gate.call(), tf.device(w.task.device):
+            xs = tf.identity(tf.convert_to_tensor(x))
+            ys = tf.identity(tf.convert_to_tensor(y))
+            counter = tf.Variable(0, dtype=tf.int64, name=f"local_step_{w.index}")
+
+        def take(k):
+            idx = (k * batch + tf.range(batch, dtype=tf.int64)) % n
+            return tf.gather(xs, idx), tf.gather(ys, idx)
+
+        if self.mode == "async":
+
+            @tf.function
+            def step():
+                read = gstep.read_value()
+                k = counter.assign_add(1) - 1
+                with tf.control_dependencies([read]):
+                    xb, yb = take(k)
+                    with tf.GradientTape() as tape:
+                        loss = model.loss(variables, xb, yb)
+                grads = tape.gradient(loss, variables)
+                updates = opt.apply(grads, variables)
+                with tf.control_dependencies(updates):
+                    new = gstep.assign_add(1)
+                return tf.stack([tf.cast(loss, tf.float64), tf.cast(read, tf.float64), tf.cast(new, tf.float64)])
+
+        else:
+
+            @tf.function
+            def step():
+                k = gstep.read_value()
+                with tf.control_dependencies([k]):
+                    xb, yb = take(k)
+                    with tf.GradientTape() as tape:
+                        loss = model.loss(variables, xb, yb)
+                grads = tape.gradient(loss, variables)
+                return tf.stack([tf.cast(loss, tf.float64), tf.cast(k, tf.float64)]), grads
+
+        w.fn, w.counter, w.tensors = step, counter, [xs, ys]
+        w.rebuild = False
+        w.errors = 0
+
+    def _make_apply(self):
+        import tensorflow as tf
+
+        variables, opt, gstep = self.variables, self.optimizer, self.global_step
+
+        @tf.function
+        def apply(grad_lists):
+            n = float(len(grad_lists))
+            avg = [tf.add_n([g[j] for g in grad_lists]) / n for j in range(len(variables))]
+            updates = opt.apply(avg, variables)
+            with tf.control_dependencies(updates):
+                return gstep.assign_add(1)
+
+        return apply
+
+    # -- events and failures ---------------------------------------------------
+    def _on_cluster_event(self, event) -> None:
+        try:
+            task = TaskName.parse(event.task)
+        except Exception:  # noqa: BLE001 - "cluster" events
+            return
+        self.history.add_event(event.kind, str(task), event.detail, step=self.history.steps + self._start_step, when=event.time)
+        if task.job == "worker" and task in self._workers:
+            w = self._workers[task]
+            if event.kind in ("kill", "lost"):
+                w.lost = True
+            elif event.kind == "restart":
+                w.lost = False
+                w.rebuild = True
+        elif task.job == "ps" and event.kind in ("kill", "lost"):
+            self._fail(self._ps_lost_error(task))
+        with self._cond:
+            self._cond.notify_all()
+
+    def _ps_lost_error(self, task) -> TrainingError:
+        ckpt = self.last_checkpoint()
+        at = f"step {self._last_checkpoint_step}" if ckpt else "no checkpoint yet"
+        return TrainingError(
+            f"{task} was lost at step {self.history.steps + self._start_step}: the variables on it are gone. "
+            f"Restart it (cluster.restart('{task}') or %tf_cluster restart {task}) and call resume() "
+            f"to continue from the last checkpoint ({at})."
+        )
+
+    def _fail(self, error: TrainingError) -> None:
+        if self._fatal is None:
+            self._fatal = error
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+
+    def _handle_error(self, w: _Worker, exc: Exception) -> None:
+        procs = self.cluster.procs
+        dead_ps = [t for t in self._ps_tasks() if t.job == "ps" and not procs[t].alive]
+        if dead_ps:
+            self._fail(self._ps_lost_error(dead_ps[0]))
+            return
+        if not procs[w.task].alive:
+            if not w.lost:
+                w.lost = True
+                self.history.add_event("lost", str(w.task), f"{type(exc).__name__}", step=self.history.steps + self._start_step)
+            return
+        w.errors += 1
+        if "context_id" in str(exc) or "invalid device" in str(exc):
+            w.rebuild = True  # the connection was renewed under us
+        if w.errors > 20:
+            self._fail(TrainingError(f"{w.task} keeps failing: {type(exc).__name__}: {str(exc).splitlines()[0]}"))
+        time.sleep(0.05)
+
+    def _wait_rejoin(self, w: _Worker) -> bool:
+        """Wait while ``w`` is lost; True once it can step again."""
+        with self._cond:
+            while w.lost and not self._stop.is_set():
+                self._cond.wait(0.2)
+        if self._stop.is_set():
+            return False
+        if w.rebuild:
+            try:
+                self._place(w)
+                self.history.add_event("rejoin", str(w.task), step=self.history.steps + self._start_step)
+            except Exception as exc:  # noqa: BLE001
+                self._handle_error(w, exc)
+                return False
+        return True
+
+    # -- async ---------------------------------------------------------------
+    def _run_async(self) -> None:
+        for w in self._workers.values():
+            w.thread = threading.Thread(target=self._async_worker, args=(w,), name=f"tfmagic-async-{w.task}", daemon=True)
+            w.thread.start()
+        while not self._stop.is_set():
+            time.sleep(0.1)
+            if all(w.lost for w in self._workers.values()):
+                self._fail(TrainingError("every worker was lost; restart them (%tf_cluster restart worker:0 ...) and resume()"))
+            self._checkpoint()
+
+    def _async_worker(self, w: _Worker) -> None:
+        import tensorflow as tf
+
+        target = self.steps
+        while not self._stop.is_set():
+            if (w.lost or w.rebuild) and not self._wait_rejoin(w):
+                continue
+            t0 = time.time()
+            try:
+                with client.gate.call(), tf.device(w.task.device):
+                    loss, read, new = w.fn().numpy()
+            except Exception as exc:  # noqa: BLE001 - sorted out by _handle_error
+                self._handle_error(w, exc)
+                continue
+            t1 = time.time()
+            w.errors = 0
+            new = int(new)
+            self.history.add_step(
+                StepRecord(
+                    str(w.task), int(read), t0, t1, float(loss), mode="async", local_step=w.local_step,
+                    staleness=max(0, new - 1 - int(read)), examples=self.batch_size,
+                )
+            )
+            self.history.add_global(GlobalStep(new, t1, float(loss), aggregated=(str(w.task),)))
+            w.local_step += 1
+            if new >= target:
+                self._stop.set()
+
+    # -- sync ----------------------------------------------------------------
+    def _run_sync(self) -> None:
+        import tensorflow as tf
+
+        for w in self._workers.values():
+            w.thread = threading.Thread(target=self._sync_worker, args=(w,), name=f"tfmagic-sync-{w.task}", daemon=True)
+            w.thread.start()
+        R = self.replicas_to_aggregate
+        apply_device = self._ps_tasks()[0].device
+        for t in range(self._start_step, self.steps):
+            with self._cond:
+                self._current = t
+                self._cond.notify_all()
+            collected: list[_Result] = []
+            while len(collected) < R:
+                if self._stop.is_set():
+                    return
+                alive = [w for w in self._workers.values() if not w.lost]
+                if len(alive) < R:
+                    lost = [str(w.task) for w in self._workers.values() if w.lost]
+                    if self.backup_workers == 0:
+                        raise TrainingError(
+                            f"sync training needs all {self.workers_n} workers every step (backup_workers=0) and "
+                            f"{', '.join(lost)} was lost at step {t}. Restart it (%tf_cluster restart {lost[0]}) and "
+                            "resume(), or train with backup_workers=1 or mode='async'."
+                        )
+                    raise TrainingError(
+                        f"sync training aggregates {R} gradients per step but only {len(alive)} workers are left "
+                        f"({', '.join(lost)} lost at step {t}); restart one and resume()."
+                    )
+                try:
+                    res = self._results.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+                if res.step == t:
+                    collected.append(res)
+                else:
+                    self._record_dropped(res)
+            with client.gate.call(), tf.device(apply_device):
+                self._apply([r.grads for r in collected]).numpy()
+            now = time.time()
+            for r in collected:
+                self.history.add_step(
+                    StepRecord(str(r.worker.task), t, r.start, r.end, r.loss, mode="sync", local_step=r.worker.local_step,
+                               applied=True, examples=self.batch_size)
+                )
+            losses = [r.loss for r in collected]
+            self.history.add_global(
+                GlobalStep(t + 1, now, float(np.mean(losses)), aggregated=tuple(str(r.worker.task) for r in collected))
+            )
+            self._checkpoint()
+        # drain what arrives late for the last step
+        while True:
+            try:
+                self._record_dropped(self._results.get_nowait())
+            except queue.Empty:
+                break
+
+    def _record_dropped(self, res: _Result) -> None:
+        self.history.add_step(
+            StepRecord(str(res.worker.task), res.step, res.start, res.end, res.loss, mode="sync",
+                       local_step=res.worker.local_step, applied=False, dropped=True, examples=self.batch_size)
+        )
+        self.history.add_event("dropped", str(res.worker.task), f"stale gradient of step {res.step}", step=res.step)
+
+    def _sync_worker(self, w: _Worker) -> None:
+        import tensorflow as tf
+
+        while not self._stop.is_set():
+            with self._cond:
+                while not self._stop.is_set() and self._current <= w.last_step:
+                    self._cond.wait(0.2)
+            if self._stop.is_set():
+                return
+            if (w.lost or w.rebuild) and not self._wait_rejoin(w):
+                continue
+            step = self._current
+            t0 = time.time()
+            try:
+                with client.gate.call(), tf.device(w.task.device):
+                    head, grads = w.fn()
+                    loss, read = head.numpy()
+            except Exception as exc:  # noqa: BLE001 - sorted out by _handle_error
+                self._handle_error(w, exc)
+                continue
+            w.errors = 0
+            w.last_step = step
+            w.local_step += 1
+            self._results.put(_Result(int(read), w, float(loss), grads, t0, time.time()))
+
+    # -- checkpoints and evaluation ----------------------------------------------
+    def _checkpoint(self, force: bool = False) -> None:
+        step = self.history.steps + self._start_step
+        if not force and step - max(self._last_checkpoint_step, self._start_step) < self.checkpoint_every:
+            return
+        try:
+            with client.gate.call():
+                weights = [v.numpy() for v in self.variables]
+                slots = self.optimizer.state()
+                step = int(self.global_step.numpy())
+        except Exception:  # noqa: BLE001 - a lost ps; reported by the step that sees it
+            return
+        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        path = self.checkpoint_dir / f"{self.name}.npz"
+        tmp = self.checkpoint_dir / f".{self.name}.tmp.npz"
+        arrays = {f"w{i}": w for i, w in enumerate(weights)} | {f"s{i}": s for i, s in enumerate(slots)}
+        np.savez(tmp, step=step, n_weights=len(weights), n_slots=len(slots), **arrays)
+        os.replace(tmp, path)
+        self._last_checkpoint_step = step
+        self.history.checkpoint = str(path)
+
+    def weights(self) -> list[np.ndarray]:
+        """The current weights, read from the ps tasks."""
+        with client.gate.call():
+            return [v.numpy() for v in self.variables]
+
+    def _evaluate(self) -> None:
+        import tensorflow as tf
+
+        weights = self.weights()
+        data = self.model.data
+        with tf.device("/job:localhost/replica:0/task:0/device:CPU:0"):
+            w = [tf.constant(a) for a in weights]
+            self.history.final_loss = float(self.model.loss(w, tf.constant(data.x_test), tf.constant(data.y_test)))
+            if self.model.classifier:
+                self.history.final_accuracy = float(self.model.accuracy(w, tf.constant(data.x_test), tf.constant(data.y_test)))
+        self.final_weights = weights

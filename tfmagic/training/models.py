@@ -1,0 +1,210 @@
+"""Models the training engine can train: built-in ones and any Keras model.
+
+A model here is what the engine needs and nothing more: initial weights, a
+loss computed from the weights and a batch, and data already split into
+train and held-out parts.  Built-in:
+
+* ``"linear"``: the seeds' y = 2x + 10 (one weight, one bias);
+* ``"digits"``: a small MLP (64-32-10) on scikit-learn's handwritten digits
+  (1,797 8x8 images that ship inside the scikit-learn package: no download);
+* any Keras model, given as a function that builds it plus arrays or a
+  ``tf.data`` input function (see :class:`KerasModel`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Data:
+    x: np.ndarray
+    y: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+
+    def shard(self, index: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """Worker ``index`` of ``count`` trains on every ``count``-th example."""
+        return self.x[index::count], self.y[index::count]
+
+
+class Model:
+    """Weights as a list of arrays, a loss over (weights, x, y), and the data."""
+
+    name = "model"
+    classifier = False
+
+    def __init__(self, data: Data):
+        self.data = data
+
+    def initial_weights(self, seed: int) -> list[np.ndarray]:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def loss(self, weights, x, y):  # pragma: no cover - interface
+        """Scalar mean loss; ``weights`` are tf.Variables (or tensors) in order."""
+        raise NotImplementedError
+
+    def predict(self, weights, x):  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def accuracy(self, weights, x, y):
+        import tensorflow as tf
+
+        pred = tf.argmax(self.predict(weights, x), axis=-1, output_type=tf.int32)
+        return tf.reduce_mean(tf.cast(tf.equal(pred, tf.cast(y, tf.int32)), tf.float32))
+
+
+class Linear(Model):
+    """The seeds' y = 2x + 10: learn w and b from noisy samples."""
+
+    name = "linear"
+
+    def __init__(self, n: int = 1024, noise: float = 0.1, seed: int = 0):
+        rng = np.random.default_rng(seed)
+        x = rng.uniform(-1, 1, size=(n + 256, 1)).astype(np.float32)
+        y = (2.0 * x + 10.0 + rng.normal(0, noise, size=x.shape)).astype(np.float32)
+        super().__init__(Data(x[:n], y[:n], x[n:], y[n:]))
+
+    def initial_weights(self, seed: int) -> list[np.ndarray]:
+        return [np.zeros((1, 1), np.float32), np.zeros((1,), np.float32)]
+
+    def predict(self, weights, x):
+        import tensorflow as tf
+
+        w, b = weights
+        return tf.matmul(x, w) + b
+
+    def loss(self, weights, x, y):
+        import tensorflow as tf
+
+        return tf.reduce_mean(tf.square(self.predict(weights, x) - y))
+
+
+class Digits(Model):
+    """A 64-``hidden``-10 MLP on scikit-learn's digits (shipped with the package)."""
+
+    name = "digits"
+    classifier = True
+
+    def __init__(self, hidden: int = 32, seed: int = 0):
+        from sklearn.datasets import load_digits
+
+        d = load_digits()
+        x = (d.data / 16.0).astype(np.float32)
+        y = d.target.astype(np.int32)
+        order = np.random.default_rng(seed).permutation(len(x))
+        x, y = x[order], y[order]
+        cut = int(len(x) * 0.8)
+        self.hidden = hidden
+        super().__init__(Data(x[:cut], y[:cut], x[cut:], y[cut:]))
+
+    def initial_weights(self, seed: int) -> list[np.ndarray]:
+        rng = np.random.default_rng(seed)
+
+        def glorot(a, b):
+            lim = np.sqrt(6.0 / (a + b))
+            return rng.uniform(-lim, lim, size=(a, b)).astype(np.float32)
+
+        return [glorot(64, self.hidden), np.zeros(self.hidden, np.float32), glorot(self.hidden, 10), np.zeros(10, np.float32)]
+
+    def predict(self, weights, x):
+        import tensorflow as tf
+
+        w1, b1, w2, b2 = weights
+        return tf.matmul(tf.nn.relu(tf.matmul(x, w1) + b1), w2) + b2
+
+    def loss(self, weights, x, y):
+        import tensorflow as tf
+
+        logits = self.predict(weights, x)
+        return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.cast(y, tf.int32), logits=logits))
+
+
+class KerasModel(Model):
+    """Any Keras model: ``build`` returns it; data as arrays or a tf.data input function.
+
+    ``input_fn(shard_index, num_shards)`` may return a ``tf.data.Dataset`` of
+    ``(x, y)`` examples (unbatched); its first ``max_examples`` are taken per
+    shard and kept on that worker.  Weights are the model's trainable
+    variables, in order; the engine places copies on the ps tasks and
+    applies its own optimizer, so the model's ``compile`` settings are not used.
+
+    >>> KerasModel(lambda: keras.Sequential([...]), x=x, y=y, loss="mse")   # doctest: +SKIP
+    """
+
+    name = "keras"
+
+    def __init__(
+        self,
+        build: Callable,
+        *,
+        x=None,
+        y=None,
+        input_fn: Callable | None = None,
+        loss: str | Callable = "sparse_categorical_crossentropy",
+        test_fraction: float = 0.2,
+        max_examples: int = 4096,
+        classifier: bool | None = None,
+        seed: int = 0,
+    ):
+        if input_fn is not None:
+            xs, ys = [], []
+            for ex_x, ex_y in input_fn(0, 1).take(max_examples):
+                xs.append(np.asarray(ex_x))
+                ys.append(np.asarray(ex_y))
+            x, y = np.stack(xs), np.stack(ys)
+        if x is None or y is None:
+            raise ValueError("KerasModel needs x and y arrays or an input_fn returning a tf.data.Dataset")
+        x, y = np.asarray(x, np.float32), np.asarray(y)
+        order = np.random.default_rng(seed).permutation(len(x))
+        x, y = x[order], y[order]
+        cut = int(len(x) * (1 - test_fraction))
+        super().__init__(Data(x[:cut], y[:cut], x[cut:], y[cut:]))
+        self._build = build
+        self._loss = loss
+        self.keras_model = build()
+        if not self.keras_model.built:
+            self.keras_model.build((None,) + tuple(x.shape[1:]))
+        self.classifier = classifier if classifier is not None else loss in (
+            "sparse_categorical_crossentropy",
+            "categorical_crossentropy",
+        )
+
+    def initial_weights(self, seed: int) -> list[np.ndarray]:
+        return [np.asarray(v.numpy()) for v in self.keras_model.trainable_variables]
+
+    def _loss_fn(self):
+        import keras
+
+        return keras.losses.get(self._loss) if isinstance(self._loss, str) else self._loss
+
+    def predict(self, weights, x):
+        model = self.keras_model
+        # Run the Keras graph with the engine's (remote) weights in place of its own.
+        return model.stateless_call([w for w in weights], [v.value for v in model.non_trainable_variables], x, training=True)[0]
+
+    def loss(self, weights, x, y):
+        import tensorflow as tf
+
+        out = self.predict(weights, x)
+        return tf.reduce_mean(self._loss_fn()(y, out))
+
+
+BUILTIN = {"linear": Linear, "digits": Digits}
+
+
+def resolve(model, **kwargs) -> Model:
+    """A :class:`Model` from a name, an instance or a Keras-model builder."""
+    if isinstance(model, Model):
+        return model
+    if isinstance(model, str):
+        if model not in BUILTIN:
+            raise ValueError(f"unknown model {model!r}; use one of {', '.join(BUILTIN)} or a KerasModel(...)")
+        return BUILTIN[model](**kwargs)
+    raise TypeError(
+        f"model must be 'linear', 'digits' or a tfmagic.KerasModel, not {type(model).__name__}; "
+        "wrap a Keras model as KerasModel(build_fn, x=..., y=...)"
+    )
