@@ -59,6 +59,24 @@ def assert_gone(pids, timeout: float = 15.0) -> None:
     poll_for(all_gone, timeout, what=f"processes {sorted(pids)} to end")
 
 
+#: Callables returning pids that shared (module/session) fixtures own; the
+#: leak check leaves those alone.
+SHARED: list[Callable[[], set[int]]] = []
+
+
+def share(cluster, pool=None) -> Callable[[], set[int]]:
+    """Register a fixture's cluster (and spare pool) as shared; returns the handle to unregister."""
+
+    def pids() -> set[int]:
+        found = {p.pid for p in cluster.procs.values()}
+        if pool is not None:
+            found |= {p.pid for p in pool.processes()}
+        return found
+
+    SHARED.append(pids)
+    return pids
+
+
 @pytest.fixture(scope="session")
 def local_cluster():
     """A 1 ps + 2 worker cluster shared by the whole session."""
@@ -66,7 +84,9 @@ def local_cluster():
 
     cluster = tfmagic.LocalCluster(ps=1, workers=2, name="session", spares=False)
     cluster.start()
+    handle = share(cluster)
     yield cluster
+    SHARED.remove(handle)
     pids = [p.pid for p in cluster.procs.values()]
     cluster.close()
     assert_gone(pids)
@@ -79,12 +99,12 @@ def no_leaks(request):
     yield
     from tfmagic import owner
 
-    shared = set()
-    if "local_cluster" in request.fixturenames:
-        shared |= {p.pid for p in request.getfixturevalue("local_cluster").procs.values()}
+    def shared() -> set[int]:
+        return set().union(*(f() for f in SHARED)) if SHARED else set()
 
     def leftovers():
-        return {pid: cmd for pid, cmd in task_processes().items() if pid not in before | shared}
+        keep = before | shared()
+        return {pid: cmd for pid, cmd in task_processes().items() if pid not in keep}
 
     try:
         poll_for(lambda: not leftovers(), 15, what="task processes started by the test to end")
@@ -96,4 +116,5 @@ def no_leaks(request):
             except psutil.NoSuchProcess:
                 pass
         raise AssertionError(f"test left task processes behind: {left}")
-    assert not [p for p in owner.processes() if p.pid not in shared and p.pid not in before]
+    keep = shared() | before
+    assert not [p for p in owner.processes() if p.pid not in keep]

@@ -25,7 +25,7 @@ from .pool import default_pool, parse_bytes
 from .procstats import human_bytes, human_seconds, memory_of
 from .spec import ClusterShape, TaskName
 
-ACTIONS = ("start", "stop", "status", "logs", "spec", "spares")
+ACTIONS = ("start", "stop", "status", "logs", "spec", "spares", "slow", "kill", "restart")
 
 
 def _count(text: str) -> int:
@@ -121,6 +121,7 @@ class TfMagics(Magics):
         help="let task servers listen on every network interface (default: loopback only)",
     )
     @argument("--tail", type=_count, default=50, help="for logs: how many lines (0 for all)")
+    @argument("--factor", type=float, default=4.0, help="for slow: run the task at 1/FACTOR speed (1 restores)")
     @line_magic
     def tf_cluster(self, line: str = ""):
         """Start, inspect and stop a local TensorFlow cluster.
@@ -133,6 +134,9 @@ class TfMagics(Magics):
             %tf_cluster spec                       # ClusterSpec and each task's TF_CONFIG
             %tf_cluster stop                       # stop every task (spares stay warm)
             %tf_cluster spares 1GB                 # memory for warm spares (off, auto)
+            %tf_cluster slow worker:1 --factor 4   # a straggler: worker 1 at 1/4 speed (1 restores)
+            %tf_cluster kill worker:1              # the task's process dies, as in a crash
+            %tf_cluster restart worker:1           # it comes back on its old address
 
         Then ``%%tf_device worker:1`` runs a cell's ops on a task.
         """
@@ -265,6 +269,40 @@ class TfMagics(Magics):
         task = cluster.check_task(args.task)
         print(cluster.logs(task, tail=args.tail or None))
 
+    def _task_arg(self, args, what: str):
+        if not args.task:
+            raise UsageError(f"{what} needs a task, for example: %tf_cluster {what} worker:1")
+        cluster = self._need_cluster(what)
+        return cluster, cluster.check_task(args.task)
+
+    def _cluster_slow(self, args):
+        cluster, task = self._task_arg(args, "slow")
+        try:
+            cluster.slow(task, args.factor)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        if args.factor > 1:
+            print(f"{task} now runs at 1/{args.factor:g} speed; %tf_cluster slow {task} --factor 1 restores it.")
+        else:
+            print(f"{task} runs at full speed again.")
+
+    def _cluster_kill(self, args):
+        cluster, task = self._task_arg(args, "kill")
+        pid = cluster.procs[task].pid
+        cluster.kill(task)
+        print(f"Killed {task} (pid {pid}). %tf_cluster restart {task} brings it back.")
+
+    def _cluster_restart(self, args):
+        cluster, task = self._task_arg(args, "restart")
+        try:
+            outcome = cluster.restart(task)
+        except ClusterStartError as exc:
+            if exc.log_tail:
+                print(f"--- last lines of {exc.task}'s log ---\n{exc.log_tail}", file=sys.stderr)
+            raise UsageError(str(exc)) from None
+        how = "a warm spare" if outcome.warm else "a new process"
+        print(f"Restarted {task} on {cluster.address(task)} in {outcome.seconds:.2f} s ({how}, pid {cluster.procs[task].pid}).")
+
     def _cluster_spec(self, args):
         cluster = self._need_cluster("describe")
         defn = cluster.cluster_def
@@ -287,6 +325,66 @@ class TfMagics(Magics):
             f"Spare budget {human_bytes(pool.budget)}; {len(spares)} warm spare process"
             f"{'es' if len(spares) != 1 else ''} ({human_bytes(sum((memory_of(p.pid) or {}).get('pss', 0) for p in spares))} PSS)."
         )
+
+    # -- %tf_train -----------------------------------------------------------
+    @magic_arguments()
+    @argument("--mode", default="sync", help="sync | async | compare (sync, then async, from the same start)")
+    @argument("--model", default="linear", help="linear (y = 2x + 10) | digits (MLP on scikit-learn's digits)")
+    @argument("--steps", type=_count, default=200, help="global updates to apply")
+    @argument("--lr", type=float, default=0.1, help="learning rate")
+    @argument("--batch-size", type=_count, default=32, help="examples per worker step")
+    @argument("--backup-workers", type=_count, default=0, help="sync: aggregate workers - N gradients per step, drop the late ones")
+    @argument("--optimizer", default="sgd", help="sgd | momentum | adagrad")
+    @argument("--seed", type=int, default=0, help="initial weights")
+    @argument("--logdir", default=None, help="write TensorBoard event files here (one directory per run and task)")
+    @argument("--wait", action="store_true", help="block until training ends (default: train in the background)")
+    @line_magic
+    def tf_train(self, line: str = ""):
+        """Train a model on the running cluster, sync or async, in the background.
+
+        Examples::
+
+            %tf_train --mode sync --model digits --steps 300
+            %tf_train --mode async --optimizer adagrad
+            %tf_train --mode compare --backup-workers 1     # sync then async, same start
+            run = %tf_train --mode async --steps 2000       # run.history, run.stop(), run.wait()
+
+        While it trains the kernel stays free: slow or kill a worker
+        (%tf_cluster slow worker:1) and watch what each mode does.
+        """
+        args = parse_argstring(self.tf_train, line)
+        cluster = self._need_cluster("train on")
+        from . import training
+
+        opts = dict(
+            model=args.model,
+            steps=args.steps,
+            lr=args.lr,
+            batch_size=args.batch_size,
+            backup_workers=args.backup_workers,
+            optimizer=args.optimizer,
+            seed=args.seed,
+            logdir=args.logdir,
+        )
+        try:
+            if args.mode == "compare":
+                run = training.compare(cluster, block=False, **opts)
+            elif args.mode in training.MODES:
+                run = training.train(cluster, args.mode, block=False, **opts)
+            else:
+                raise UsageError(f"unknown mode {args.mode!r}; use sync, async or compare")
+        except TfmagicError as exc:
+            raise UsageError(str(exc)) from None
+        training.set_last_run(run)
+        if args.wait:
+            try:
+                run.wait()
+            except KeyboardInterrupt:
+                run.stop()
+                print("Training stopped.", file=sys.stderr)
+            except TfmagicError as exc:
+                raise UsageError(str(exc)) from None
+        return run
 
     # -- %%tf_device ---------------------------------------------------------
     @cell_magic

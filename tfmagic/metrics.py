@@ -37,6 +37,7 @@ class StepRecord:
     dropped: bool = False
     examples: int = 0
     run: str = ""
+    update: int | None = None  # the global step this gradient's update became
 
     @property
     def duration(self) -> float:

@@ -13,7 +13,20 @@ from ..metrics import History
 from .engine import MODES, TrainingError, TrainingRun
 from .models import Digits, KerasModel, Linear, Model
 
-__all__ = ["Comparison", "Digits", "KerasModel", "Linear", "Model", "TrainingError", "TrainingRun", "compare", "train"]
+__all__ = ["MODES", "last_run", "set_last_run", "Comparison", "Digits", "KerasModel", "Linear", "Model", "TrainingError", "TrainingRun", "compare", "train"]
+
+
+_last = None
+
+
+def set_last_run(run) -> None:
+    global _last
+    _last = run
+
+
+def last_run():
+    """The run (or comparison) ``%tf_train`` started last, or None."""
+    return _last
 
 
 def train(cluster, mode: str = "sync", *, block: bool = True, **kwargs) -> History | TrainingRun:
@@ -92,6 +105,13 @@ class Comparison:
         if self.current is not None:
             self.current.stop()
         return self.wait()
+
+    def __repr__(self) -> str:
+        state = "training " + self.current.name if self.current is not None else "done"
+        return f"<Comparison {' vs '.join(r.name for r in self.runs)}: {state}>\n{self.table()}"
+
+    def _repr_pretty_(self, p, cycle) -> None:
+        p.text(repr(self))
 
     def table(self) -> str:
         """Side by side: updates, time, throughput, final held-out loss."""

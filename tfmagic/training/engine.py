@@ -24,6 +24,7 @@ checkpoint once the ps is restarted.  A restarted worker rejoins.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import tempfile
@@ -43,6 +44,48 @@ from .models import Model, resolve
 from .optimizers import Optimizer
 
 MODES = ("sync", "async")
+
+
+@contextlib.contextmanager
+def _own_executor():
+    """A synchronous eager executor for this thread, as ClusterCoordinator uses.
+
+    With TensorFlow's shared (asynchronous) executor, an error from one
+    worker surfaces on another thread's next op, and a call can wait behind
+    another thread's call to a dead task; one executor per thread keeps each
+    worker's calls and errors its own.
+    """
+    from tensorflow.python.eager import context, executor
+
+    ex = executor.new_executor(enable_async=False)
+    try:
+        with context.executor_scope(ex):
+            yield
+    finally:
+        _clear_executor(ex)
+
+
+def _clear_executor(ex=None) -> None:
+    """Forget a failed call's error, so the executor can be used (and deleted) quietly."""
+    from tensorflow.python.eager import context
+
+    ex = ex or context.context().executor
+    try:
+        ex.wait()
+    except Exception:  # noqa: BLE001 - the error was already handled where it happened
+        pass
+    try:
+        ex.clear_error()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def _with_own_executor(fn):
+    def run(*args):
+        with _own_executor():
+            return fn(*args)
+
+    return run
 
 
 class TrainingError(TfmagicError):
@@ -221,8 +264,24 @@ class TrainingRun:
         path = self.checkpoint_dir / f"{self.name}.npz"
         return path if path.exists() else None
 
+    def __repr__(self) -> str:
+        if self.running:
+            state = "training"
+        elif self.error is not None:
+            state = f"stopped: {self.error}"
+        else:
+            state = "done" if self._thread is not None else "not started"
+        return f"<TrainingRun {self.name} ({self.mode}): {state}, {self.history.steps}/{self.steps} updates>"
+
+    def _repr_pretty_(self, p, cycle) -> None:
+        p.text(repr(self) + "\n" + self.history.summary())
+
     # -- main ----------------------------------------------------------------
     def _main(self) -> None:
+        with _own_executor():
+            self._main_body()
+
+    def _main_body(self) -> None:
         self.cluster.listeners.append(self._on_cluster_event)
         try:
             self._setup()
@@ -261,6 +320,11 @@ class TrainingRun:
         return TrainingError(f"training stopped: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
 
     # -- setup ---------------------------------------------------------------
+    def _step_now(self) -> int:
+        """The latest global step this run knows of."""
+        last = self.history.global_steps[-1].step if self.history.global_steps else 0
+        return max(last, self._start_step)
+
     def _ps_tasks(self) -> list[TaskName]:
         shape = self.cluster.shape
         if shape.ps:
@@ -280,6 +344,10 @@ class TrainingRun:
                     self.variables.append(tf.Variable(value, name=f"w{i}"))
             with tf.device(ps[0].device):
                 self.global_step = tf.Variable(self._start_step, dtype=tf.int64, name="global_step")
+                # assign_add then read is two ops: without a lock two workers can
+                # both read the same new step.  The lock makes every async update
+                # (and its step number) its own.
+                self._lock = tf.CriticalSection(name="update_lock")
             self.optimizer.create_slots(self.variables)
             if getattr(self, "_slot_values", None):
                 self.optimizer.load_state(self._slot_values)
@@ -305,7 +373,7 @@ class TrainingRun:
         x, y = self.model.data.shard(w.index, self.workers_n)
         n = len(x)
         batch = self.batch_size
-        model, variables, opt, gstep = self.model, self.variables, self.optimizer, self.global_step
+        model, variables, opt, gstep, lock = self.model, self.variables, self.optimizer, self.global_step, self._lock
         with client.gate.call(), tf.device(w.task.device):
             xs = tf.identity(tf.convert_to_tensor(x))
             ys = tf.identity(tf.convert_to_tensor(y))
@@ -326,9 +394,12 @@ class TrainingRun:
                     with tf.GradientTape() as tape:
                         loss = model.loss(variables, xb, yb)
                 grads = tape.gradient(loss, variables)
-                updates = opt.apply(grads, variables)
-                with tf.control_dependencies(updates):
-                    new = gstep.assign_add(1)
+
+                def update():
+                    with tf.control_dependencies(opt.apply(grads, variables)):
+                        return gstep.assign_add(1)
+
+                new = lock.execute(update)
                 return tf.stack([tf.cast(loss, tf.float64), tf.cast(read, tf.float64), tf.cast(new, tf.float64)])
 
         else:
@@ -368,7 +439,7 @@ class TrainingRun:
             task = TaskName.parse(event.task)
         except Exception:  # noqa: BLE001 - "cluster" events
             return
-        self.history.add_event(event.kind, str(task), event.detail, step=self.history.steps + self._start_step, when=event.time)
+        self.history.add_event(event.kind, str(task), event.detail, step=self._step_now(), when=event.time)
         if task.job == "worker" and task in self._workers:
             w = self._workers[task]
             if event.kind in ("kill", "lost"):
@@ -385,7 +456,7 @@ class TrainingRun:
         ckpt = self.last_checkpoint()
         at = f"step {self._last_checkpoint_step}" if ckpt else "no checkpoint yet"
         return TrainingError(
-            f"{task} was lost at step {self.history.steps + self._start_step}: the variables on it are gone. "
+            f"{task} was lost at step {self._step_now()}: the variables on it are gone. "
             f"Restart it (cluster.restart('{task}') or %tf_cluster restart {task}) and call resume() "
             f"to continue from the last checkpoint ({at})."
         )
@@ -398,6 +469,7 @@ class TrainingRun:
             self._cond.notify_all()
 
     def _handle_error(self, w: _Worker, exc: Exception) -> None:
+        _clear_executor()
         procs = self.cluster.procs
         dead_ps = [t for t in self._ps_tasks() if t.job == "ps" and not procs[t].alive]
         if dead_ps:
@@ -406,9 +478,10 @@ class TrainingRun:
         if not procs[w.task].alive:
             if not w.lost:
                 w.lost = True
-                self.history.add_event("lost", str(w.task), f"{type(exc).__name__}", step=self.history.steps + self._start_step)
+                self.history.add_event("lost", str(w.task), f"{type(exc).__name__}", step=self._step_now())
             return
         w.errors += 1
+        self.history.add_event("retry", str(w.task), f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}", step=self._step_now())
         if "context_id" in str(exc) or "invalid device" in str(exc):
             w.rebuild = True  # the connection was renewed under us
         if w.errors > 20:
@@ -425,7 +498,7 @@ class TrainingRun:
         if w.rebuild:
             try:
                 self._place(w)
-                self.history.add_event("rejoin", str(w.task), step=self.history.steps + self._start_step)
+                self.history.add_event("rejoin", str(w.task), step=self._step_now())
             except Exception as exc:  # noqa: BLE001
                 self._handle_error(w, exc)
                 return False
@@ -434,7 +507,7 @@ class TrainingRun:
     # -- async ---------------------------------------------------------------
     def _run_async(self) -> None:
         for w in self._workers.values():
-            w.thread = threading.Thread(target=self._async_worker, args=(w,), name=f"tfmagic-async-{w.task}", daemon=True)
+            w.thread = threading.Thread(target=_with_own_executor(self._async_worker), args=(w,), name=f"tfmagic-async-{w.task}", daemon=True)
             w.thread.start()
         while not self._stop.is_set():
             time.sleep(0.1)
@@ -462,7 +535,7 @@ class TrainingRun:
             self.history.add_step(
                 StepRecord(
                     str(w.task), int(read), t0, t1, float(loss), mode="async", local_step=w.local_step,
-                    staleness=max(0, new - 1 - int(read)), examples=self.batch_size,
+                    staleness=max(0, new - 1 - int(read)), examples=self.batch_size, update=new,
                 )
             )
             self.history.add_global(GlobalStep(new, t1, float(loss), aggregated=(str(w.task),)))
@@ -475,7 +548,7 @@ class TrainingRun:
         import tensorflow as tf
 
         for w in self._workers.values():
-            w.thread = threading.Thread(target=self._sync_worker, args=(w,), name=f"tfmagic-sync-{w.task}", daemon=True)
+            w.thread = threading.Thread(target=_with_own_executor(self._sync_worker), args=(w,), name=f"tfmagic-sync-{w.task}", daemon=True)
             w.thread.start()
         R = self.replicas_to_aggregate
         apply_device = self._ps_tasks()[0].device
@@ -514,7 +587,7 @@ class TrainingRun:
             for r in collected:
                 self.history.add_step(
                     StepRecord(str(r.worker.task), t, r.start, r.end, r.loss, mode="sync", local_step=r.worker.local_step,
-                               applied=True, examples=self.batch_size)
+                               applied=True, examples=self.batch_size, update=t + 1)
                 )
             losses = [r.loss for r in collected]
             self.history.add_global(
@@ -562,7 +635,7 @@ class TrainingRun:
 
     # -- checkpoints and evaluation ----------------------------------------------
     def _checkpoint(self, force: bool = False) -> None:
-        step = self.history.steps + self._start_step
+        step = self._step_now()
         if not force and step - max(self._last_checkpoint_step, self._start_step) < self.checkpoint_every:
             return
         try:

@@ -1,0 +1,300 @@
+"""Sync and async training on real clusters: correctness, accounting, failures."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import tfmagic
+from tfmagic.training import KerasModel, TrainingError, TrainingRun
+from tfmagic.training.models import Digits, Linear
+from tfmagic.training.optimizers import Optimizer
+
+from .conftest import SHARED, assert_gone, poll_for, share
+
+pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("no_leaks")]
+
+
+def reference_sync(model, workers: int, steps: int, batch: int, optimizer: str, lr: float, seed: int = 0):
+    """Single-process sync SGD on the same shards and batches: the ground truth."""
+    import tensorflow as tf
+
+    with tf.device("/job:localhost/replica:0/task:0/device:CPU:0"):
+        weights = [tf.Variable(w) for w in model.initial_weights(seed)]
+        opt = Optimizer(optimizer, lr)
+        opt.create_slots(weights)
+        shards = [model.data.shard(i, workers) for i in range(workers)]
+        for t in range(steps):
+            grads = []
+            for x, y in shards:
+                idx = (t * batch + np.arange(batch)) % len(x)
+                with tf.GradientTape() as tape:
+                    loss = model.loss(weights, tf.constant(x[idx]), tf.constant(y[idx]))
+                grads.append(tape.gradient(loss, weights))
+            avg = [tf.add_n([g[j] for g in grads]) / float(workers) for j in range(len(weights))]
+            opt.apply(avg, weights)
+        return [w.numpy() for w in weights]
+
+
+def run_to_end(cluster, mode, **kw) -> TrainingRun:
+    run = TrainingRun(cluster, mode, **kw).start()
+    run.wait()
+    return run
+
+
+@pytest.mark.parametrize(
+    "model, optimizer, lr",
+    [(Linear(), "sgd", 0.1), (Digits(), "momentum", 0.05), (Digits(), "adagrad", 0.1)],
+    ids=["linear-sgd", "digits-momentum", "digits-adagrad"],
+)
+def test_sync_equals_single_process_reference(local_cluster, model, optimizer, lr):
+    run = run_to_end(local_cluster, "sync", model=model, steps=40, batch_size=16, optimizer=optimizer, lr=lr)
+    expected = reference_sync(model, 2, 40, 16, optimizer, lr)
+    for got, want in zip(run.final_weights, expected):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    h = run.history
+    assert h.steps == 40 and len(h.records) == 80
+    assert all(r.applied and not r.dropped for r in h.records)
+    assert [g.step for g in h.global_steps] == list(range(1, 41))
+    assert all(sorted(g.aggregated) == ["worker:0", "worker:1"] for g in h.global_steps)
+
+
+def test_variables_are_spread_over_the_ps_tasks_and_data_stays_on_workers():
+    with tfmagic.LocalCluster(ps=2, workers=1, spares=False) as cluster:
+        run = run_to_end(cluster, "async", model=Digits(), steps=20)
+        devices = [v.device for v in run.variables]
+        assert {d.split("/device")[0] for d in devices} == {"/job:ps/replica:0/task:0", "/job:ps/replica:0/task:1"}
+        w = run._workers[tfmagic.TaskName("worker", 0)]
+        assert all(t.device.startswith("/job:worker/replica:0/task:0") for t in w.tensors)
+
+
+def test_async_converges_and_records_every_update(local_cluster):
+    h = tfmagic.train(local_cluster, mode="async", model="digits", steps=400, lr=0.1, batch_size=32)
+    assert h.mode == "async" and h.final_accuracy > 0.9 and h.final_loss < 0.5
+    applied = sorted(g.step for g in h.global_steps)
+    missing = sorted(set(range(1, 401)) - set(applied))
+    assert not missing and len(applied) == len(set(applied)), (missing, [(e.kind, e.detail) for e in h.events])
+    assert all(r.staleness >= 0 for r in h.records)
+    tp = h.throughput()
+    assert set(tp) == {"worker:0", "worker:1", "total"}
+    assert tp["total"]["examples_per_s"] == pytest.approx(32 * tp["total"]["steps_per_s"])
+
+
+def test_async_staleness_grows_for_a_slowed_worker(local_cluster):
+    """Controlled case: while worker 1 runs at 1/8 speed, worker 0 applies
+    several updates between each of worker 1's reads and applies."""
+    local_cluster.slow("worker:1", 8)
+    try:
+        h = tfmagic.train(local_cluster, mode="async", model="digits", steps=300, lr=0.05)
+    finally:
+        local_cluster.slow("worker:1", 1)
+    stale = h.staleness()
+    assert stale["worker:1"] > 2.0 > stale["worker:0"], stale
+    updates = sorted(r.update for r in h.records)
+    assert updates == list(range(1, len(updates) + 1)), "each update has its own step number"
+    for r in h.records:  # staleness: exactly the updates others applied between this read and apply
+        between = [u for u in updates if r.step < u < r.update]
+        assert r.staleness == len(between) == r.update - 1 - r.step
+    assert any(e.kind == "slow" for e in local_cluster.events)
+
+
+@pytest.fixture(scope="module")
+def cluster3(request):
+    """1 ps + 3 workers, with warm spares so restarts take a fraction of a second."""
+    import os
+
+    from tfmagic.pool import SparePool
+
+    old = os.environ.get("TFMAGIC_SPARES")
+    os.environ["TFMAGIC_SPARES"] = "1"
+    pool = SparePool(budget="4GB")
+    cluster = tfmagic.LocalCluster(ps=1, workers=3, name="three", pool=pool)
+    cluster.start()
+    poll_for(lambda: len([p for p in pool.processes() if p.warm_at]) >= 2, 180, what="warm spares")
+    handle = share(cluster, pool)
+    yield cluster
+    SHARED.remove(handle)
+    pids = handle()
+    cluster.close()
+    pool.shutdown()
+    assert_gone(pids)
+    if old is None:
+        os.environ.pop("TFMAGIC_SPARES", None)
+    else:
+        os.environ["TFMAGIC_SPARES"] = old
+
+
+def _heal(cluster):
+    for task, proc in list(cluster.procs.items()):
+        if not proc.alive:
+            cluster.restart(task)
+
+
+@pytest.fixture
+def c3(cluster3):
+    _heal(cluster3)
+    yield cluster3
+    for task in list(cluster3.slowness):
+        cluster3.slow(task, 1)
+    _heal(cluster3)
+
+
+def test_sync_with_a_backup_worker_drops_the_stragglers_gradients(c3):
+    c3.slow("worker:2", 8)
+    run = run_to_end(c3, "sync", model="digits", steps=200, backup_workers=1)
+    h = run.history
+    assert h.steps == 200
+    assert all(len(g.aggregated) == 2 for g in h.global_steps), "replicas_to_aggregate = 3 - 1"
+    applied = [r for r in h.records if r.applied]
+    assert len(applied) == 200 * 2
+    dropped = h.dropped()
+    slow_applied = sum(1 for r in applied if r.task == "worker:2")
+    assert dropped.get("worker:2", 0) >= 3 and slow_applied <= 20, (dropped, slow_applied)
+    for r in applied:
+        assert not r.dropped
+    assert all(r.dropped and not r.applied for r in h.records if not r.applied)
+    assert any(e.kind == "dropped" and e.task == "worker:2" for e in h.events)
+
+
+def test_sync_without_backups_is_paced_by_the_slowest_worker(c3):
+    c3.slow("worker:2", 6)
+    h = run_to_end(c3, "sync", model="digits", steps=40).history
+    assert h.dropped() == {}
+    assert all(len(g.aggregated) == 3 for g in h.global_steps)
+    by = h.by_task()
+    # every worker did every step: the fast ones waited for the slow one
+    assert {t: len(r) for t, r in by.items()} == {"worker:0": 40, "worker:1": 40, "worker:2": 40}
+
+
+def test_async_goes_on_without_a_lost_worker_and_it_rejoins_after_restart(c3):
+    run = TrainingRun(c3, "async", model="digits", steps=2500, lr=0.05).start()
+    poll_for(lambda: run.history.steps >= 100, 60, what="100 updates")
+    c3.kill("worker:2")
+    at_kill = run.history.steps
+    poll_for(lambda: run.history.steps >= at_kill + 200, 60, what="progress without worker:2")
+    during = [r for r in run.history.records if r.task == "worker:2" and r.start > run.history.events[-1].time]
+    assert not during
+    c3.restart("worker:2")
+    poll_for(lambda: any(e.kind == "rejoin" for e in run.history.events) or not run.running, 60, what="rejoin")
+    h = run.wait()
+    kinds = [(e.kind, e.task) for e in h.events]
+    assert ("kill", "worker:2") in kinds and ("restart", "worker:2") in kinds and ("rejoin", "worker:2") in kinds
+    rejoin_at = next(e.time for e in h.events if e.kind == "rejoin")
+    assert any(r.task == "worker:2" and r.start >= rejoin_at for r in h.records), "worker:2 stepped again"
+    assert h.error is None and h.final_accuracy > 0.9
+
+
+def test_sync_with_a_backup_goes_on_when_a_worker_dies(c3):
+    run = TrainingRun(c3, "sync", model="digits", steps=150, backup_workers=1).start()
+    poll_for(lambda: run.history.steps >= 30, 60, what="30 updates")
+    c3.kill("worker:1")
+    h = run.wait()
+    assert h.steps == 150 and h.error is None
+    assert ("kill", "worker:1") in [(e.kind, e.task) for e in h.events]
+
+
+def test_sync_without_backups_fails_fast_with_a_clear_message(c3):
+    run = TrainingRun(c3, "sync", model="digits", steps=5000).start()
+    poll_for(lambda: run.history.steps >= 30, 60, what="30 updates")
+    c3.kill("worker:1")
+    t0 = time.monotonic()
+    with pytest.raises(TrainingError, match=r"needs all 3 workers.*worker:1 was lost.*backup_workers=1"):
+        run.wait(timeout=30)
+    assert time.monotonic() - t0 < 10
+
+
+def test_losing_the_ps_is_reported_within_seconds_and_training_resumes(c3):
+    run = TrainingRun(c3, "async", model="digits", steps=500, checkpoint_every=40, lr=0.05).start()
+    poll_for(lambda: run.history.steps >= 150, 60, what="150 updates")
+    c3.kill("ps:0")
+    t0 = time.monotonic()
+    with pytest.raises(TrainingError, match=r"ps:0 was lost.*restart.*resume\(\)"):
+        run.wait(timeout=30)
+    assert time.monotonic() - t0 < 5
+    ckpt_step = run._last_checkpoint_step
+    assert ckpt_step >= 40
+    c3.restart("ps:0")
+    run.resume()
+    h = run.history
+    assert h.error is None and h.final_accuracy > 0.85
+    assert h.global_steps[-1].step >= 500
+    assert any(e.kind == "resume" and str(ckpt_step) in e.detail for e in h.events)
+
+
+def test_a_user_keras_model_trains(local_cluster):
+    import keras
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(512, 4)).astype(np.float32)
+    y = (x @ np.array([1.0, -2.0, 0.5, 3.0], np.float32) + 1.0).reshape(-1, 1)
+
+    def build():
+        return keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+
+    model = KerasModel(build, x=x, y=y, loss="mse")
+    h = tfmagic.train(local_cluster, mode="sync", model=model, steps=150, lr=0.1, batch_size=32)
+    assert h.final_loss < 0.01, h.final_loss
+
+
+def test_a_keras_model_from_a_tf_data_input_fn(local_cluster):
+    import keras
+    import tensorflow as tf
+
+    def input_fn(shard, shards):
+        x = tf.random.stateless_normal([600, 8], seed=(1, 2))
+        y = tf.cast(tf.reduce_sum(x, axis=1) > 0, tf.int32)
+        return tf.data.Dataset.from_tensor_slices((x, y)).shard(shards, shard)
+
+    def build():
+        return keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(2)])
+
+    model = KerasModel(build, input_fn=input_fn, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), classifier=True)
+    h = tfmagic.train(local_cluster, mode="async", model=model, steps=300, lr=0.1)
+    assert h.final_accuracy > 0.9
+
+
+def test_tensorboard_event_files_per_mode_and_task(local_cluster, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    for mode in ("sync", "async"):
+        tfmagic.train(local_cluster, mode=mode, model="linear", steps=20, logdir=tmp_path)
+    for mode in ("sync", "async"):
+        for who in ("worker-0", "worker-1", "global"):
+            d = tmp_path / mode / who
+            files = list(d.glob("events.out.tfevents.*"))
+            assert len(files) == 1, (d, files)
+            acc = EventAccumulator(str(d))
+            acc.Reload()
+            assert "loss" in acc.Tags()["tensors"] or "loss" in acc.Tags()["scalars"]
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"mode": "sideways"}, "mode must be"),
+        ({"mode": "sync", "backup_workers": 2}, "at most 1"),
+        ({"mode": "async", "backup_workers": 1}, "only makes sense"),
+        ({"mode": "sync", "steps": 0}, "steps must be"),
+        ({"mode": "sync", "optimizer": "adam"}, "unknown optimizer"),
+        ({"mode": "sync", "model": "resnet"}, "unknown model"),
+        ({"mode": "sync", "lr": -1}, "lr must be"),
+    ],
+)
+def test_bad_training_arguments_say_what_to_do(local_cluster, kwargs, match):
+    mode = kwargs.pop("mode")
+    with pytest.raises(TrainingError, match=match):
+        TrainingRun(local_cluster, mode, **kwargs)
+
+
+def test_compare_runs_both_from_the_same_start(local_cluster):
+    comp = tfmagic.compare(local_cluster, model="digits", steps=100, lr=0.1)
+    sync, async_ = comp.histories
+    assert (sync.mode, async_.mode) == ("sync", "async")
+    w_sync = comp.runs[0].initial_weights or comp.runs[0].model.initial_weights(0)
+    assert comp.runs[0].model is comp.runs[1].model
+    assert sync.final_loss is not None and async_.final_loss is not None
+    table = comp.table()
+    assert "sync" in table and "async" in table and "held-out loss" in table
+    assert len(w_sync) == 4
