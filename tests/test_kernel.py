@@ -203,3 +203,43 @@ def test_kill_minus_9_of_the_kernel_leaves_nothing(tmp_path):
             k.km.cleanup_resources()
         except Exception:
             pass
+
+
+def test_tf_train_in_the_background_and_failure_injection_magics(kernel):
+    kernel.ok("%tf_cluster start --ps 1 --workers 2 --replace", timeout=180)
+    reply = kernel.ok("run = %tf_train --mode compare --model digits --steps 150\nprint(type(run).__name__)")
+    assert "Comparison" in reply.stdout
+    # the kernel is free while it trains
+    assert kernel.value("1 + 1") == 2
+    out = kernel.ok("%tf_cluster slow worker:1 --factor 3").stdout
+    assert "1/3 speed" in out
+    assert "slowed x3" in kernel.ok("%tf_cluster status").text
+    kernel.ok("%tf_cluster slow worker:1 --factor 1")
+    kernel.ok("run.wait()", timeout=300)
+    table = kernel.ok("print(run.table())").stdout
+    assert "sync" in table and "async" in table
+    out = kernel.ok("%tf_cluster kill worker:1").stdout
+    assert "Killed worker:1" in out
+    assert "exited" in kernel.ok("%tf_cluster status").text
+    out = kernel.ok("%tf_cluster restart worker:1", timeout=120).stdout
+    assert "Restarted worker:1" in out
+    kernel.ok("%%tf_device worker:1\nprint((tf.constant(2.0) * 5).numpy())")
+
+
+@pytest.mark.parametrize(
+    "line, expect",
+    [
+        ("%tf_train --mode sideways", "unknown mode"),
+        ("%tf_train --backup-workers 2", "at most 1"),
+        ("%tf_train --model resnet", "unknown model"),
+        ("%tf_train --steps x", "not a whole number"),
+        ("%tf_cluster slow worker:1 --factor 0.5", "factor must be"),
+        ("%tf_cluster slow", "needs a task"),
+        ("%tf_cluster kill worker:7", "not in this cluster"),
+    ],
+)
+def test_training_bad_input(kernel, line, expect):
+    kernel.ok("%tf_cluster start --ps 1 --workers 2")
+    before = kernel.value(TASK_PIDS)
+    assert expect in usage_error(kernel.run(line))
+    assert kernel.value(TASK_PIDS) == before

@@ -57,6 +57,11 @@ def runtime_dir() -> Path:
         return _runtime_dir
 
 
+def cleanup() -> None:
+    """Kill everything this process started and remove its private directory."""
+    _cleanup()
+
+
 def _cleanup() -> None:
     kill_all()
     if _runtime_dir is not None:

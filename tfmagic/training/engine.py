@@ -179,7 +179,11 @@ class TrainingRun:
         self.seed = seed
         self.logdir = Path(logdir) if logdir else None
         self.checkpoint_every = max(1, int(checkpoint_every))
-        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else Path(tempfile.mkdtemp(prefix="tfmagic-ckpt-"))
+        if checkpoint_dir is None:
+            from .. import owner
+
+            checkpoint_dir = tempfile.mkdtemp(prefix="checkpoints-", dir=owner.runtime_dir())
+        self.checkpoint_dir = Path(checkpoint_dir)
         self.name = name or mode
         self.initial_weights = initial_weights
         self.history = History(mode, run=self.name, workers=[f"worker:{i}" for i in range(self.workers_n)])
@@ -285,6 +289,7 @@ class TrainingRun:
         self.cluster.listeners.append(self._on_cluster_event)
         try:
             self._setup()
+            self.history.started_at = time.time()
             if self.mode == "sync":
                 self._run_sync()
             else:

@@ -1,0 +1,59 @@
+"""Static pictures of training runs (matplotlib, Agg, no pyplot).
+
+Used by ``tfmagic demo`` (a PNG) and as the fallback wherever no widget
+front end is there to show the live dashboard.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .metrics import History
+
+COLORS = {"sync": "#1f77b4", "async": "#d62728"}
+
+
+def _smooth(values: list[float], window: int) -> list[float]:
+    out, acc = [], 0.0
+    for i, v in enumerate(values):
+        acc += v
+        if i >= window:
+            acc -= values[i - window]
+        out.append(acc / min(i + 1, window))
+    return out
+
+
+def convergence_figure(histories: Sequence[History], title: str = "sync vs async"):
+    """Loss per global step and per second, one line per run."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 3.6), dpi=100)
+    by_step, by_time = fig.subplots(1, 2)
+    for i, h in enumerate(histories):
+        curve = h.loss_curve()
+        if not curve:
+            continue
+        steps, secs, loss = zip(*curve)
+        color = COLORS.get(h.mode, f"C{i}")
+        smooth = _smooth(list(loss), max(1, len(loss) // 50))
+        by_step.plot(steps, smooth, color=color, label=h.run)
+        by_time.plot(secs, smooth, color=color, label=h.run)
+    for ax, xlabel in ((by_step, "global step"), (by_time, "seconds")):
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("training loss")
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    by_step.set_title("loss per update")
+    by_time.set_title("loss over wall time")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def save_png(fig, path) -> str:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    fig.savefig(path)
+    return str(path)
