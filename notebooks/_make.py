@@ -154,6 +154,193 @@ kernel dies, even with `kill -9`.
 ]
 
 
+NB02 = [
+    md("""
+# 02 · Sync vs async training
+
+Seed 001 states the trade-off this notebook measures on a real cluster:
+
+* **synchronous SGD**: every step, each worker computes a gradient from the *same* parameters; the gradients
+  are averaged and applied once. The loss falls smoothly, but each step waits for the slowest worker.
+* **asynchronous SGD** (Downpour): each worker applies its gradient as soon as it has one. Nobody waits, but a
+  worker's gradient may have been computed from parameters that others have already changed: it is **stale**.
+
+Both runs below start from the same initial weights, train the same model (a small MLP on scikit-learn's
+handwritten digits) on the same data shards, with one ps and two workers, and apply the same number of updates.
+"""),
+    code("""
+%load_ext tfmagic
+%tf_cluster start --ps 1 --workers 2
+"""),
+    code("""
+import tfmagic
+from IPython.display import Image
+from tfmagic import plots
+
+cluster = tfmagic.current_cluster()
+comp = tfmagic.compare(cluster, model="digits", steps=400, lr=0.1, batch_size=32)
+sync, async_ = comp.histories
+print(comp.table())
+"""),
+    md("""
+## Convergence per update and per second
+
+Per **update** the two curves are close: an async update is almost as good as a sync one here (two workers make
+gradients only slightly stale). Per **second** async is ahead: it applies an update whenever any worker is done,
+while sync pays for a full round (both workers, then the apply) per update.
+"""),
+    code("Image(plots.png_bytes(plots.convergence_figure(comp.histories)))"),
+    code("""
+print(f"updates per second: sync {sync.updates_per_s():.1f}, async {async_.updates_per_s():.1f} "
+      f"-> async applies {async_.updates_per_s() / sync.updates_per_s():.2f}x as many updates per second")
+print(f"held-out loss after {sync.steps} updates: sync {sync.final_loss:.4f}, async {async_.final_loss:.4f}")
+print(f"accuracy: sync {sync.final_accuracy:.3f}, async {async_.final_accuracy:.3f}")
+"""),
+    md("""
+## Throughput per worker
+
+In sync mode both workers do every step, so their throughput is identical: the slower one sets it
+(each worker step counts, so sync's total worker steps are twice its updates). In async mode each worker
+runs at its own pace, and every worker step is an update.
+"""),
+    code("""
+for h in comp.histories:
+    print(h.summary())
+    print()
+"""),
+    md("""
+## Staleness
+
+For every async step tfmagic records how many updates *other* workers applied between this worker reading
+the parameters and applying its gradient. Zero means the gradient was fresh.
+"""),
+    code("""
+stale = async_.staleness()
+for task, mean in sorted(stale.items()):
+    recs = [r for r in async_.records if r.task == task]
+    fresh = sum(1 for r in recs if r.staleness == 0) / len(recs)
+    print(f"{task}: mean staleness {mean:.2f}, {fresh:.0%} of its gradients were fresh, max {max(r.staleness for r in recs)}")
+Image(plots.png_bytes(plots.staleness_figure(async_)))
+"""),
+    md("""
+With more workers, or a slow one (notebook 03), gradients get staler and async's loss gets noisier.
+Adagrad (`optimizer="adagrad"`) is what Dean et al. used to steady Downpour SGD.
+"""),
+    code("%tf_cluster stop"),
+]
+
+NB03 = [
+    md("""
+# 03 · Stragglers and failures
+
+A cluster is only as fast as its behaviour under trouble. Here we make trouble on purpose:
+
+* `%tf_cluster slow worker:2 --factor 4` makes that task's process run a quarter of the time (it is paused and
+  resumed many times a second), so *everything* it does slows down: a real straggler;
+* `%tf_cluster kill worker:2` kills its process, as a crash would; `%tf_cluster restart worker:2` brings it back.
+
+We use one ps and three workers, so that sync training can have a **backup worker**
+(`SyncReplicasOptimizer`'s `replicas_to_aggregate = total_num_replicas - 1`).
+"""),
+    code("""
+%load_ext tfmagic
+%tf_cluster start --ps 1 --workers 3
+"""),
+    code("""
+import time
+import tfmagic
+from tfmagic.training import TrainingError
+
+cluster = tfmagic.current_cluster()
+opts = dict(model="digits", lr=0.1, batch_size=32)
+
+def step_time(h):
+    return h.mean_step_time()
+
+def total_rate(h):
+    return h.updates_per_s()
+
+base_sync = tfmagic.train(cluster, mode="sync", steps=150, **opts)
+base_async = tfmagic.train(cluster, mode="async", steps=450, **opts)
+print(f"no straggler: sync {step_time(base_sync) * 1000:.1f} ms per update, async {total_rate(base_async):.1f} updates/s")
+"""),
+    md("""
+## One slow worker paces sync SGD
+
+Sync waits for every worker at every step, so the step time follows the slowest one.
+Async does not wait: the other two workers go on at full speed.
+
+Expect the sync step time to grow by a good part of the factor, not all of it: a step here is mostly
+communication (a few milliseconds of round trips), which the pauses slow less than computation, and on a
+machine with fewer cores than tasks the other workers get the CPU that the slowed one gives up.
+"""),
+    code("%tf_cluster slow worker:2 --factor 4"),
+    code("""
+slow_sync = tfmagic.train(cluster, mode="sync", steps=150, **opts)
+slow_async = tfmagic.train(cluster, mode="async", steps=450, **opts)
+print(f"sync step time with worker:2 at 1/4 speed: {step_time(slow_sync) / step_time(base_sync):.2f}x the unslowed step time")
+print(f"async throughput with worker:2 at 1/4 speed: {total_rate(slow_async) / total_rate(base_async):.2f}x the unslowed throughput")
+print(slow_async.summary())
+"""),
+    md("""
+## Backup workers give sync its speed back
+
+With `backup_workers=1`, each step aggregates the first 2 of 3 gradients; the straggler's gradient arrives late,
+was computed from old parameters, and is dropped (and counted).
+"""),
+    code("""
+backup = tfmagic.train(cluster, mode="sync", steps=150, backup_workers=1, **opts)
+print(f"sync + 1 backup worker, worker:2 slowed: {step_time(backup) / step_time(base_sync):.2f}x the unslowed step time")
+print("gradients dropped as stale, per worker:", backup.dropped())
+print(f"held-out accuracy: {backup.final_accuracy:.3f} (no straggler: {base_sync.final_accuracy:.3f})")
+"""),
+    code("%tf_cluster slow worker:2 --factor 1"),
+    md("""
+## A worker dies during async training
+
+Training runs in the background (`block=False`), so this notebook can kill a worker while it trains.
+Async goes on with the other two; when the worker is restarted, it rejoins.
+"""),
+    code("""
+run = tfmagic.train(cluster, mode="async", steps=4000, block=False, **opts)
+while run.history.steps < 200:
+    time.sleep(0.05)
+cluster.kill("worker:2")
+killed_at = run.history.steps
+while run.history.steps < killed_at + 300:
+    time.sleep(0.05)
+cluster.restart("worker:2")
+h = run.wait()
+rejoined = next(e.time for e in h.events if e.kind == "rejoin")
+after = sum(1 for r in h.records if r.task == "worker:2" and r.start >= rejoined)
+print(h.summary())
+print(f"worker:2 made {after} steps after it rejoined")
+for e in h.events:
+    if e.task == "worker:2":
+        print(f"  step {e.step}: {e.kind} {e.detail}")
+"""),
+    md("""
+## A worker dies during sync training
+
+Without backup workers, sync SGD cannot make a step without every worker. tfmagic stops at once and says why,
+instead of hanging.
+"""),
+    code("""
+run = tfmagic.train(cluster, mode="sync", steps=2000, block=False, **opts)
+while run.history.steps < 50:
+    time.sleep(0.05)
+cluster.kill("worker:2")
+t0 = time.monotonic()
+try:
+    run.wait()
+except TrainingError as e:
+    print(f"after {time.monotonic() - t0:.2f} s: {e}")
+cluster.restart("worker:2")
+"""),
+    code("%tf_cluster stop"),
+]
+
+
 def write(name: str, cells) -> Path:
     nb = new_notebook(cells=cells)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
@@ -162,7 +349,11 @@ def write(name: str, cells) -> Path:
     return path
 
 
-NOTEBOOKS = {"01_cluster_basics.ipynb": NB01}
+NOTEBOOKS = {
+    "01_cluster_basics.ipynb": NB01,
+    "02_sync_vs_async.ipynb": NB02,
+    "03_stragglers_and_failures.ipynb": NB03,
+}
 
 
 def execute(path: Path) -> None:

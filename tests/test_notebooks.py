@@ -68,3 +68,30 @@ def test_01_cluster_basics():
     quiet = outputs(nb, skip="%tf_cluster logs")  # a task's own log keeps TF's lines, as it should
     for noise in ("E0000", "CloseContext", "Traceback"):
         assert noise not in quiet
+
+
+def _number(text: str, pattern: str) -> float:
+    m = re.search(pattern, text)
+    assert m, f"{pattern!r} not found in:\n{text[-3000:]}"
+    return float(m.group(1))
+
+
+def test_02_sync_vs_async():
+    text = outputs(execute("02_sync_vs_async.ipynb"))
+    assert "Traceback" not in text
+    ratio = _number(text, r"async applies ([\d.]+)x as many updates per second")
+    assert ratio > 1.0, "the notebook says async applies more updates per second"
+    assert _number(text, r"accuracy: sync ([\d.]+)") > 0.9
+    assert _number(text, r"accuracy: sync [\d.]+, async ([\d.]+)") > 0.9
+    assert "mean staleness" in text and "of its gradients were fresh" in text
+
+
+def test_03_stragglers_and_failures():
+    text = outputs(execute("03_stragglers_and_failures.ipynb"))
+    assert "Traceback" not in text
+    assert _number(text, r"sync step time with worker:2 at 1/4 speed: ([\d.]+)x") > 1.3
+    assert _number(text, r"async throughput with worker:2 at 1/4 speed: ([\d.]+)x") > 0.7
+    assert _number(text, r"sync \+ 1 backup worker, worker:2 slowed: ([\d.]+)x") < 1.15
+    assert re.search(r"dropped as stale, per worker: \{[^}]*'worker:2': \d+", text)
+    assert _number(text, r"worker:2 made (\d+) steps after it rejoined") > 0
+    assert re.search(r"after [\d.]+ s: sync training needs all 3 workers", text)

@@ -65,7 +65,10 @@ def test_variables_are_spread_over_the_ps_tasks_and_data_stays_on_workers():
     with tfmagic.LocalCluster(ps=2, workers=1, spares=False) as cluster:
         run = run_to_end(cluster, "async", model=Digits(), steps=20)
         devices = [v.device for v in run.variables]
-        assert {d.split("/device")[0] for d in devices} == {"/job:ps/replica:0/task:0", "/job:ps/replica:0/task:1"}
+        assert {d.split("/device")[0] for d in devices} == {
+            "/job:ps/replica:0/task:0",
+            "/job:ps/replica:0/task:1",
+        }
         w = run._workers[tfmagic.TaskName("worker", 0)]
         assert all(t.device.startswith("/job:worker/replica:0/task:0") for t in w.tensors)
 
@@ -75,7 +78,10 @@ def test_async_converges_and_records_every_update(local_cluster):
     assert h.mode == "async" and h.final_accuracy > 0.9 and h.final_loss < 0.5
     applied = sorted(g.step for g in h.global_steps)
     missing = sorted(set(range(1, 401)) - set(applied))
-    assert not missing and len(applied) == len(set(applied)), (missing, [(e.kind, e.detail) for e in h.events])
+    assert not missing and len(applied) == len(set(applied)), (
+        missing,
+        [(e.kind, e.detail) for e in h.events],
+    )
     assert all(r.staleness >= 0 for r in h.records)
     tp = h.throughput()
     assert set(tp) == {"worker:0", "worker:1", "total"}
@@ -174,13 +180,19 @@ def test_async_goes_on_without_a_lost_worker_and_it_rejoins_after_restart(c3):
     c3.kill("worker:2")
     at_kill = run.history.steps
     poll_for(lambda: run.history.steps >= at_kill + 200, 60, what="progress without worker:2")
-    during = [r for r in run.history.records if r.task == "worker:2" and r.start > run.history.events[-1].time]
+    during = [
+        r for r in run.history.records if r.task == "worker:2" and r.start > run.history.events[-1].time
+    ]
     assert not during
     c3.restart("worker:2")
-    poll_for(lambda: any(e.kind == "rejoin" for e in run.history.events) or not run.running, 60, what="rejoin")
+    poll_for(
+        lambda: any(e.kind == "rejoin" for e in run.history.events) or not run.running, 60, what="rejoin"
+    )
     h = run.wait()
     kinds = [(e.kind, e.task) for e in h.events]
-    assert ("kill", "worker:2") in kinds and ("restart", "worker:2") in kinds and ("rejoin", "worker:2") in kinds
+    assert (
+        ("kill", "worker:2") in kinds and ("restart", "worker:2") in kinds and ("rejoin", "worker:2") in kinds
+    )
     rejoin_at = next(e.time for e in h.events if e.kind == "rejoin")
     assert any(r.task == "worker:2" and r.start >= rejoin_at for r in h.records), "worker:2 stepped again"
     assert h.error is None and h.final_accuracy > 0.9
@@ -248,9 +260,16 @@ def test_a_keras_model_from_a_tf_data_input_fn(local_cluster):
         return tf.data.Dataset.from_tensor_slices((x, y)).shard(shards, shard)
 
     def build():
-        return keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(2)])
+        return keras.Sequential(
+            [keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(2)]
+        )
 
-    model = KerasModel(build, input_fn=input_fn, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), classifier=True)
+    model = KerasModel(
+        build,
+        input_fn=input_fn,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        classifier=True,
+    )
     h = tfmagic.train(local_cluster, mode="async", model=model, steps=300, lr=0.1)
     assert h.final_accuracy > 0.9
 

@@ -48,7 +48,18 @@ _EXPORTS = {
 def __getattr__(name: str):
     module = _EXPORTS.get(name)
     if module is None:
-        if name in ("launchers", "owner", "pool", "client", "magics", "spec", "errors", "cluster", "training", "metrics"):
+        if name in (
+            "launchers",
+            "owner",
+            "pool",
+            "client",
+            "magics",
+            "spec",
+            "errors",
+            "cluster",
+            "training",
+            "metrics",
+        ):
             import importlib
 
             return importlib.import_module(f".{name}", __name__)

@@ -14,7 +14,9 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--workers", type=int, default=2)
     demo.add_argument("--steps", type=int, default=300, help="steps of the linear fit")
     demo.add_argument("--train-steps", type=int, default=300, help="updates of each sync/async run")
-    demo.add_argument("--plot", default="tfmagic-demo.png", help="where to write the convergence plot (PNG); '' for none")
+    demo.add_argument(
+        "--plot", default="tfmagic-demo.png", help="where to write the convergence plot (PNG); '' for none"
+    )
     args = parser.parse_args(argv)
     if args.command == "demo":
         from . import demo as demo_mod
@@ -22,7 +24,11 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             return demo_mod.run(
-                ps=args.ps, workers=args.workers, steps=args.steps, plot=args.plot, train_steps=args.train_steps
+                ps=args.ps,
+                workers=args.workers,
+                steps=args.steps,
+                plot=args.plot,
+                train_steps=args.train_steps,
             )
         except TfmagicError as exc:
             print(f"tfmagic demo: {exc}", file=sys.stderr)

@@ -57,7 +57,9 @@ def linear_fit(cluster, steps: int = 300, lr: float = 0.05, seed: int = 0) -> di
 
 def throughput_table(histories) -> str:
     """Per-worker steps/s and examples/s of each run, side by side."""
-    lines = [f"{'run':6s} {'task':9s} {'steps':>6s} {'steps/s':>8s} {'examples/s':>11s} {'dropped':>8s} {'staleness':>9s}"]
+    lines = [
+        f"{'run':6s} {'task':9s} {'steps':>6s} {'steps/s':>8s} {'examples/s':>11s} {'dropped':>8s} {'staleness':>9s}"
+    ]
     for h in histories:
         drops, stale = h.dropped(), h.staleness()
         for task, row in h.throughput().items():
@@ -69,7 +71,9 @@ def throughput_table(histories) -> str:
     return "\n".join(lines)
 
 
-def run(ps: int = 1, workers: int = 2, steps: int = 300, plot: str = "tfmagic-demo.png", train_steps: int = 300) -> int:
+def run(
+    ps: int = 1, workers: int = 2, steps: int = 300, plot: str = "tfmagic-demo.png", train_steps: int = 300
+) -> int:
     import os
 
     from . import logfilter, owner
@@ -89,7 +93,9 @@ def run(ps: int = 1, workers: int = 2, steps: int = 300, plot: str = "tfmagic-de
         )
         print(f"Variables live on {result['w_device']}; steps per worker: {result['steps_per_worker']}")
         print()
-        print(f"Sync vs async on the digits classifier ({train_steps} updates each, same start) ...", flush=True)
+        print(
+            f"Sync vs async on the digits classifier ({train_steps} updates each, same start) ...", flush=True
+        )
         from .plots import convergence_figure, save_png
         from .training import compare
 

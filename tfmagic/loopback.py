@@ -1,21 +1,33 @@
 """Keep task servers reachable from one address only (loopback for local clusters).
 
 Why: every ``tf.distribute.Server`` binds ``0.0.0.0:<port>`` (hard-coded in
-TensorFlow's ``grpc_server_lib.cc``; there is no bind-address option), gRPC
-turns that into a listener on every interface, and the server runs any graph
-it is sent, with no authentication.  On a laptop on café Wi-Fi that is a
-remote-code-execution port per task.
+TensorFlow's ``grpc_server_lib.cc``; ``ServerDef`` has no bind-address field),
+gRPC turns that into a dual-stack ``[::]`` listener on every interface, and the
+server runs any graph it is sent, with no authentication.  On a laptop on café
+Wi-Fi that is a remote-code-execution port per task.
 
 What this closes: task processes are started with a tiny ``LD_PRELOAD``
 library (``_native/bindhost.c``) that rewrites wildcard ``bind()`` calls to
-``TFMAGIC_BIND_HOST`` (127.0.0.1 here), so the servers listen on loopback
-only.  The library is compiled on first use with the machine's C compiler
-and cached.
+``TFMAGIC_BIND_HOST``: ``0.0.0.0`` becomes ``127.0.0.1`` and ``[::]`` becomes
+the IPv4-mapped ``::ffff:127.0.0.1`` (not ``::1``, which clients resolving
+``localhost`` to 127.0.0.1 could not reach).  The servers then listen on
+loopback only.  The library is compiled on first use with the machine's C
+compiler and cached per user.
 
-What it cannot close: the notebook kernel's own client-side TF server (it
-starts inside the already-running kernel, after the connection), and other
-users of the same machine, who reach loopback too (shared hosts, JupyterHub).
-Those are told to the user, not hidden.
+What it cannot close: the notebook kernel's own client-side TF server starts
+inside the already-running kernel process, where no preload can reach, and
+listens on every interface after the first remote op; and other users of the
+same machine reach loopback too (shared hosts, JupyterHub).  Those are told to
+the user, not hidden.  It needs Linux and a C compiler; without them
+:func:`bind_guard` says why in one sentence instead of failing.
+
+Example::
+
+    guard = bind_guard("127.0.0.1", base_env=os.environ)
+    if guard.available:
+        env = {**os.environ, **guard.env}   # LD_PRELOAD + TFMAGIC_BIND_HOST
+    else:
+        print(guard.reason)
 """
 
 from __future__ import annotations
@@ -25,18 +37,31 @@ import hashlib
 import ipaddress
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 SOURCE = Path(__file__).parent / "_native" / "bindhost.c"
 
+#: Compiler flags; part of the cache key, so changing them rebuilds.
+CFLAGS = ("-shared", "-fPIC", "-O2", "-pthread")
+LIBS = ("-ldl",)
+COMPILE_TIMEOUT = 60.0
+
+_UNGUARDED = "so task servers listen on every interface"
+
 
 @dataclass(frozen=True)
 class BindGuard:
-    """Whether task servers can be kept on ``host``, and the env that does it."""
+    """Whether task servers can be kept on one host, and the environment that does it.
+
+    ``env`` holds the variables to add to a task's environment (empty when not
+    ``available``); ``reason`` says, in one sentence, why not and what to do.
+    """
 
     available: bool
     env: dict[str, str] = field(default_factory=dict)
@@ -45,6 +70,8 @@ class BindGuard:
 
 
 def cache_dir() -> Path:
+    """Where the compiled library lives: ``$TFMAGIC_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/tfmagic``, else ``~/.cache/tfmagic``."""
     base = os.environ.get("TFMAGIC_CACHE_DIR")
     if base:
         return Path(base)
@@ -53,66 +80,113 @@ def cache_dir() -> Path:
 
 
 def library_key(source_text: str) -> str:
-    """A name for the compiled library that changes with its source and the machine."""
+    """The library's file name: changes with its source, the flags and the machine."""
     h = hashlib.sha256()
     h.update(source_text.encode())
-    h.update(f"{platform.system()}-{platform.machine()}-{platform.libc_ver()}".encode())
+    h.update(" ".join(CFLAGS + LIBS).encode())
+    libc = "-".join(platform.libc_ver())
+    h.update(f"{platform.system()}-{platform.machine()}-{libc}".encode())
     return f"bindhost-{h.hexdigest()[:16]}.so"
 
 
-def _compiler() -> str | None:
-    for cand in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if cand and shutil.which(cand):
-            return shutil.which(cand)
+def _compiler() -> list[str] | None:
+    """The C compiler command ($CC may carry arguments, e.g. ``ccache gcc``)."""
+    candidates = []
+    if os.environ.get("CC"):
+        candidates.append(shlex.split(os.environ["CC"]))
+    candidates += [["cc"], ["gcc"], ["clang"]]
+    for cmd in candidates:
+        if cmd and shutil.which(cmd[0]):
+            return [shutil.which(cmd[0]), *cmd[1:]]
     return None
 
 
-@functools.lru_cache(maxsize=1)
-def _build() -> tuple[str | None, str]:
-    """Compile the library once per machine; returns (path, reason-if-not)."""
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "no output"
+
+
+@functools.lru_cache(maxsize=8)
+def _build(directory: str) -> tuple[str | None, str]:
+    """Compile the library into ``directory`` once; returns (path, reason-if-not)."""
     if platform.system() != "Linux":
-        return None, f"keeping servers on loopback needs Linux (this is {platform.system()})"
+        return (
+            None,
+            f"keeping task servers on loopback needs Linux (this is {platform.system()}), {_UNGUARDED}",
+        )
     try:
         text = SOURCE.read_text()
     except OSError as exc:
-        return None, f"the bind library's source is missing ({exc}); reinstall tfmagic"
-    target = cache_dir() / library_key(text)
-    if target.exists():
+        return None, f"the bind library's source is missing ({exc}), {_UNGUARDED}; reinstall tfmagic"
+    target = Path(directory) / library_key(text)
+    if any(c in str(target) for c in " \t\n:"):
+        # ld.so splits LD_PRELOAD on spaces and colons: such a path would be
+        # ignored with a warning while we claimed the servers were guarded.
+        return None, (
+            f"the cache path {str(target)!r} contains a space or colon, which LD_PRELOAD cannot carry, "
+            f"{_UNGUARDED}; set TFMAGIC_CACHE_DIR to a plain path"
+        )
+    if target.is_file():
         return str(target), ""
     cc = _compiler()
     if cc is None:
-        return None, "no C compiler (cc) was found; install gcc to keep task servers on loopback"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".bindhost-", suffix=".so", dir=target.parent)
-    os.close(fd)
+        return None, f"no C compiler (cc) was found, {_UNGUARDED}; install gcc to keep them on loopback"
+    tmp = None
     try:
+        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".bindhost-", suffix=".so", dir=target.parent)
+        os.close(fd)
         proc = subprocess.run(
-            [cc, "-shared", "-fPIC", "-O2", "-o", tmp, str(SOURCE), "-ldl"],
+            [*cc, *CFLAGS, "-o", tmp, str(SOURCE), *LIBS],
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=COMPILE_TIMEOUT,
         )
         if proc.returncode != 0:
-            last = (proc.stderr.strip().splitlines() or ["unknown error"])[-1]
-            return None, f"compiling the bind library failed ({last}); task servers listen on every interface"
+            return None, (
+                f"compiling the bind library failed ({_last_line(proc.stderr)}), {_UNGUARDED}; "
+                "check the C compiler or set CC"
+            )
+        os.chmod(tmp, 0o755)
         os.replace(tmp, target)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return None, f"compiling the bind library failed ({exc}); task servers listen on every interface"
+        tmp = None
+    except subprocess.TimeoutExpired:
+        return None, f"compiling the bind library took over {COMPILE_TIMEOUT:g} s, {_UNGUARDED}; check $CC"
+    except OSError as exc:
+        return None, (
+            f"building the bind library in {target.parent} failed ({exc}), {_UNGUARDED}; "
+            "set TFMAGIC_CACHE_DIR to a writable directory"
+        )
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
     return str(target), ""
 
 
-def bind_guard(host: str = "127.0.0.1", base_env: dict[str, str] | None = None) -> BindGuard:
-    """The environment that keeps a task's servers on ``host`` (an IPv4 literal)."""
+def bind_guard(host: str = "127.0.0.1", base_env: Mapping[str, str] | None = None) -> BindGuard:
+    """The environment that keeps a task's servers on ``host`` (an IPv4 literal).
+
+    ``LD_PRELOAD`` in the result is the library followed by the one already in
+    ``base_env`` (default: this process's environment), which the child would
+    otherwise lose.
+    """
     try:
-        ipaddress.IPv4Address(host)
+        address = ipaddress.IPv4Address(host)
     except ValueError:
-        return BindGuard(False, reason=f"{host!r} is not an IPv4 address; servers listen on every interface")
-    library, reason = _build()
+        return BindGuard(
+            False, reason=f"{host!r} is not an IPv4 address, {_UNGUARDED}; give one such as 127.0.0.1"
+        )
+    if address.is_unspecified:
+        return BindGuard(
+            False, reason=f"{host} means every interface, {_UNGUARDED}; give one such as 127.0.0.1"
+        )
+    library, reason = _build(str(cache_dir()))
     if library is None:
         return BindGuard(False, reason=reason)
     existing = (base_env if base_env is not None else os.environ).get("LD_PRELOAD", "")
-    preload = library if not existing else f"{library}:{existing}"
-    return BindGuard(True, env={"LD_PRELOAD": preload, "TFMAGIC_BIND_HOST": host}, library=library)
+    others = [p for p in existing.replace(" ", ":").split(":") if p and p != library]
+    preload = ":".join([library, *others])
+    return BindGuard(True, env={"LD_PRELOAD": preload, "TFMAGIC_BIND_HOST": str(address)}, library=library)

@@ -121,7 +121,9 @@ class TfMagics(Magics):
         help="let task servers listen on every network interface (default: loopback only)",
     )
     @argument("--tail", type=_count, default=50, help="for logs: how many lines (0 for all)")
-    @argument("--factor", type=float, default=4.0, help="for slow: run the task at 1/FACTOR speed (1 restores)")
+    @argument(
+        "--factor", type=float, default=4.0, help="for slow: run the task at 1/FACTOR speed (1 restores)"
+    )
     @line_magic
     def tf_cluster(self, line: str = ""):
         """Start, inspect and stop a local TensorFlow cluster.
@@ -282,7 +284,9 @@ class TfMagics(Magics):
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         if args.factor > 1:
-            print(f"{task} now runs at 1/{args.factor:g} speed; %tf_cluster slow {task} --factor 1 restores it.")
+            print(
+                f"{task} now runs at 1/{args.factor:g} speed; %tf_cluster slow {task} --factor 1 restores it."
+            )
         else:
             print(f"{task} runs at full speed again.")
 
@@ -301,7 +305,9 @@ class TfMagics(Magics):
                 print(f"--- last lines of {exc.task}'s log ---\n{exc.log_tail}", file=sys.stderr)
             raise UsageError(str(exc)) from None
         how = "a warm spare" if outcome.warm else "a new process"
-        print(f"Restarted {task} on {cluster.address(task)} in {outcome.seconds:.2f} s ({how}, pid {cluster.procs[task].pid}).")
+        print(
+            f"Restarted {task} on {cluster.address(task)} in {outcome.seconds:.2f} s ({how}, pid {cluster.procs[task].pid})."
+        )
 
     def _cluster_spec(self, args):
         cluster = self._need_cluster("describe")
@@ -329,15 +335,26 @@ class TfMagics(Magics):
     # -- %tf_train -----------------------------------------------------------
     @magic_arguments()
     @argument("--mode", default="sync", help="sync | async | compare (sync, then async, from the same start)")
-    @argument("--model", default="linear", help="linear (y = 2x + 10) | digits (MLP on scikit-learn's digits)")
+    @argument(
+        "--model", default="linear", help="linear (y = 2x + 10) | digits (MLP on scikit-learn's digits)"
+    )
     @argument("--steps", type=_count, default=200, help="global updates to apply")
     @argument("--lr", type=float, default=0.1, help="learning rate")
     @argument("--batch-size", type=_count, default=32, help="examples per worker step")
-    @argument("--backup-workers", type=_count, default=0, help="sync: aggregate workers - N gradients per step, drop the late ones")
+    @argument(
+        "--backup-workers",
+        type=_count,
+        default=0,
+        help="sync: aggregate workers - N gradients per step, drop the late ones",
+    )
     @argument("--optimizer", default="sgd", help="sgd | momentum | adagrad")
     @argument("--seed", type=int, default=0, help="initial weights")
-    @argument("--logdir", default=None, help="write TensorBoard event files here (one directory per run and task)")
-    @argument("--wait", action="store_true", help="block until training ends (default: train in the background)")
+    @argument(
+        "--logdir", default=None, help="write TensorBoard event files here (one directory per run and task)"
+    )
+    @argument(
+        "--wait", action="store_true", help="block until training ends (default: train in the background)"
+    )
     @line_magic
     def tf_train(self, line: str = ""):
         """Train a model on the running cluster, sync or async, in the background.

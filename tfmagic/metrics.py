@@ -193,6 +193,13 @@ class History:
         """(global step, seconds since start, loss) of every update."""
         return [(g.step, g.time - self.started_at, g.loss) for g in self.snapshot()[1]]
 
+    def updates_per_s(self) -> float:
+        """Global updates per second of training (from its start to its last update)."""
+        g = self.snapshot()[1]
+        if not g:
+            return 0.0
+        return len(g) / max(g[-1].time - self.started_at, 1e-9)
+
     def mean_step_time(self, last: int | None = None) -> float | None:
         """Mean wall time between global updates (the last ``last`` of them)."""
         g = self.snapshot()[1]

@@ -51,6 +51,36 @@ def convergence_figure(histories: Sequence[History], title: str = "sync vs async
     return fig
 
 
+def png_bytes(fig) -> bytes:
+    """The figure as PNG bytes (for ``IPython.display.Image`` or a widget)."""
+    import io
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def staleness_figure(history: History):
+    """How stale each worker's gradients were (async): a histogram per worker."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5, 3), dpi=100)
+    ax = fig.subplots()
+    by = history.by_task()
+    top = max((r.staleness for r in history.records), default=0)
+    bins = range(0, top + 2)
+    for i, (task, recs) in enumerate(sorted(by.items())):
+        ax.hist([r.staleness for r in recs], bins=bins, alpha=0.6, label=task, color=f"C{i}", align="left")
+    ax.set_xlabel("staleness (updates by others between read and apply)")
+    ax.set_ylabel("worker steps")
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
 def save_png(fig, path) -> str:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 

@@ -13,7 +13,20 @@ from ..metrics import History
 from .engine import MODES, TrainingError, TrainingRun
 from .models import Digits, KerasModel, Linear, Model
 
-__all__ = ["MODES", "last_run", "set_last_run", "Comparison", "Digits", "KerasModel", "Linear", "Model", "TrainingError", "TrainingRun", "compare", "train"]
+__all__ = [
+    "MODES",
+    "last_run",
+    "set_last_run",
+    "Comparison",
+    "Digits",
+    "KerasModel",
+    "Linear",
+    "Model",
+    "TrainingError",
+    "TrainingRun",
+    "compare",
+    "train",
+]
 
 
 _last = None
@@ -114,15 +127,16 @@ class Comparison:
         p.text(repr(self))
 
     def table(self) -> str:
-        """Side by side: updates, time, throughput, final held-out loss."""
-        rows = ["run     updates  seconds  steps/s  examples/s  held-out loss  accuracy"]
+        """Side by side: updates, seconds, updates/s, examples/s, held-out loss and accuracy."""
+        rows = ["run     updates  seconds  updates/s  examples/s  held-out loss  accuracy"]
         for h in self.histories:
             tp = h.throughput().get("total", {})
-            secs = (h.ended_at or h.started_at) - h.started_at
+            secs = h.global_steps[-1].time - h.started_at if h.global_steps else 0.0
             acc = "-" if h.final_accuracy is None else f"{h.final_accuracy:.3f}"
             loss = "-" if h.final_loss is None else f"{h.final_loss:.4f}"
             rows.append(
-                f"{h.run:7s} {h.steps:7d}  {secs:7.1f}  {tp.get('steps_per_s', 0):7.1f}  {tp.get('examples_per_s', 0):10.0f}  {loss:>13s}  {acc:>8s}"
+                f"{h.run:7s} {h.steps:7d}  {secs:7.1f}  {h.updates_per_s():9.1f}  {tp.get('examples_per_s', 0):10.0f}"
+                f"  {loss:>13s}  {acc:>8s}"
             )
         return "\n".join(rows)
 

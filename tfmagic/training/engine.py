@@ -148,9 +148,15 @@ class TrainingRun:
         if mode not in MODES:
             raise TrainingError(f"mode must be 'sync' or 'async', not {mode!r}")
         if cluster is None or not cluster.running:
-            raise TrainingError("the cluster is not running; start it first (cluster.start() or %tf_cluster start)")
+            raise TrainingError(
+                "the cluster is not running; start it first (cluster.start() or %tf_cluster start)"
+            )
         self.workers_n = cluster.shape.workers
-        for label, value, lo in (("steps", steps, 1), ("batch_size", batch_size, 1), ("backup_workers", backup_workers, 0)):
+        for label, value, lo in (
+            ("steps", steps, 1),
+            ("batch_size", batch_size, 1),
+            ("backup_workers", backup_workers, 0),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < lo:
                 raise TrainingError(f"{label} must be a whole number >= {lo}, not {value!r}")
         if backup_workers >= self.workers_n:
@@ -258,7 +264,9 @@ class TrainingRun:
         self._stop.clear()
         self.history.error = None
         self.history.ended_at = None
-        self.history.add_event("resume", detail=f"from checkpoint at step {self._start_step}", step=self._start_step)
+        self.history.add_event(
+            "resume", detail=f"from checkpoint at step {self._start_step}", step=self._start_step
+        )
         self.start()
         if block:
             self.wait()
@@ -321,8 +329,12 @@ class TrainingRun:
     def _explain(self, exc: Exception) -> TrainingError:
         lost = [str(t) for t, p in self.cluster.procs.items() if not p.alive]
         if lost:
-            return TrainingError(f"training stopped: {', '.join(lost)} is gone ({type(exc).__name__}); restart it and resume()")
-        return TrainingError(f"training stopped: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            return TrainingError(
+                f"training stopped: {', '.join(lost)} is gone ({type(exc).__name__}); restart it and resume()"
+            )
+        return TrainingError(
+            f"training stopped: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        )
 
     # -- setup ---------------------------------------------------------------
     def _step_now(self) -> int:
@@ -369,7 +381,9 @@ class TrainingRun:
             from .tensorboard import SummaryWriterThread
 
             self._writer = SummaryWriterThread(self.logdir / self.name, self.history)
-        self.history.add_event("start", detail=f"{self.mode}, {self.workers_n} workers", step=self._start_step)
+        self.history.add_event(
+            "start", detail=f"{self.mode}, {self.workers_n} workers", step=self._start_step
+        )
 
     def _place(self, w: _Worker) -> None:
         """Put this worker's data shard in its memory and build its step function."""
@@ -378,7 +392,13 @@ class TrainingRun:
         x, y = self.model.data.shard(w.index, self.workers_n)
         n = len(x)
         batch = self.batch_size
-        model, variables, opt, gstep, lock = self.model, self.variables, self.optimizer, self.global_step, self._lock
+        model, variables, opt, gstep, lock = (
+            self.model,
+            self.variables,
+            self.optimizer,
+            self.global_step,
+            self._lock,
+        )
         with client.gate.call(), tf.device(w.task.device):
             xs = tf.identity(tf.convert_to_tensor(x))
             ys = tf.identity(tf.convert_to_tensor(y))
@@ -405,7 +425,9 @@ class TrainingRun:
                         return gstep.assign_add(1)
 
                 new = lock.execute(update)
-                return tf.stack([tf.cast(loss, tf.float64), tf.cast(read, tf.float64), tf.cast(new, tf.float64)])
+                return tf.stack(
+                    [tf.cast(loss, tf.float64), tf.cast(read, tf.float64), tf.cast(new, tf.float64)]
+                )
 
         else:
 
@@ -480,17 +502,28 @@ class TrainingRun:
         if dead_ps:
             self._fail(self._ps_lost_error(dead_ps[0]))
             return
-        if not procs[w.task].alive:
+        proc = procs[w.task]
+        if proc.alive and type(exc).__name__ in ("UnavailableError", "CancelledError"):
+            # The task may be dying right now; give the owner a moment to see it.
+            proc.wait_for(lambda: not proc.alive, 1.0)
+        if not proc.alive:
             if not w.lost:
                 w.lost = True
                 self.history.add_event("lost", str(w.task), f"{type(exc).__name__}", step=self._step_now())
             return
         w.errors += 1
-        self.history.add_event("retry", str(w.task), f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}", step=self._step_now())
+        self.history.add_event(
+            "retry",
+            str(w.task),
+            f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}",
+            step=self._step_now(),
+        )
         if "context_id" in str(exc) or "invalid device" in str(exc):
             w.rebuild = True  # the connection was renewed under us
         if w.errors > 20:
-            self._fail(TrainingError(f"{w.task} keeps failing: {type(exc).__name__}: {str(exc).splitlines()[0]}"))
+            self._fail(
+                TrainingError(f"{w.task} keeps failing: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+            )
         time.sleep(0.05)
 
     def _wait_rejoin(self, w: _Worker) -> bool:
@@ -512,12 +545,21 @@ class TrainingRun:
     # -- async ---------------------------------------------------------------
     def _run_async(self) -> None:
         for w in self._workers.values():
-            w.thread = threading.Thread(target=_with_own_executor(self._async_worker), args=(w,), name=f"tfmagic-async-{w.task}", daemon=True)
+            w.thread = threading.Thread(
+                target=_with_own_executor(self._async_worker),
+                args=(w,),
+                name=f"tfmagic-async-{w.task}",
+                daemon=True,
+            )
             w.thread.start()
         while not self._stop.is_set():
             time.sleep(0.1)
             if all(w.lost for w in self._workers.values()):
-                self._fail(TrainingError("every worker was lost; restart them (%tf_cluster restart worker:0 ...) and resume()"))
+                self._fail(
+                    TrainingError(
+                        "every worker was lost; restart them (%tf_cluster restart worker:0 ...) and resume()"
+                    )
+                )
             self._checkpoint()
 
     def _async_worker(self, w: _Worker) -> None:
@@ -539,8 +581,16 @@ class TrainingRun:
             new = int(new)
             self.history.add_step(
                 StepRecord(
-                    str(w.task), int(read), t0, t1, float(loss), mode="async", local_step=w.local_step,
-                    staleness=max(0, new - 1 - int(read)), examples=self.batch_size, update=new,
+                    str(w.task),
+                    int(read),
+                    t0,
+                    t1,
+                    float(loss),
+                    mode="async",
+                    local_step=w.local_step,
+                    staleness=max(0, new - 1 - int(read)),
+                    examples=self.batch_size,
+                    update=new,
                 )
             )
             self.history.add_global(GlobalStep(new, t1, float(loss), aggregated=(str(w.task),)))
@@ -550,10 +600,14 @@ class TrainingRun:
 
     # -- sync ----------------------------------------------------------------
     def _run_sync(self) -> None:
-        import tensorflow as tf
 
         for w in self._workers.values():
-            w.thread = threading.Thread(target=_with_own_executor(self._sync_worker), args=(w,), name=f"tfmagic-sync-{w.task}", daemon=True)
+            w.thread = threading.Thread(
+                target=_with_own_executor(self._sync_worker),
+                args=(w,),
+                name=f"tfmagic-sync-{w.task}",
+                daemon=True,
+            )
             w.thread.start()
         R = self.replicas_to_aggregate
         apply_device = self._ps_tasks()[0].device
@@ -561,42 +615,33 @@ class TrainingRun:
             with self._cond:
                 self._current = t
                 self._cond.notify_all()
-            collected: list[_Result] = []
-            while len(collected) < R:
-                if self._stop.is_set():
-                    return
-                alive = [w for w in self._workers.values() if not w.lost]
-                if len(alive) < R:
-                    lost = [str(w.task) for w in self._workers.values() if w.lost]
-                    if self.backup_workers == 0:
-                        raise TrainingError(
-                            f"sync training needs all {self.workers_n} workers every step (backup_workers=0) and "
-                            f"{', '.join(lost)} was lost at step {t}. Restart it (%tf_cluster restart {lost[0]}) and "
-                            "resume(), or train with backup_workers=1 or mode='async'."
-                        )
-                    raise TrainingError(
-                        f"sync training aggregates {R} gradients per step but only {len(alive)} workers are left "
-                        f"({', '.join(lost)} lost at step {t}); restart one and resume()."
-                    )
-                try:
-                    res = self._results.get(timeout=0.1)
-                except queue.Empty:
-                    continue
-                if res.step == t:
-                    collected.append(res)
-                else:
-                    self._record_dropped(res)
-            with client.gate.call(), tf.device(apply_device):
-                self._apply([r.grads for r in collected]).numpy()
+            collected = self._collect(t, R, apply_device)
+            if collected is None:
+                return
             now = time.time()
             for r in collected:
                 self.history.add_step(
-                    StepRecord(str(r.worker.task), t, r.start, r.end, r.loss, mode="sync", local_step=r.worker.local_step,
-                               applied=True, examples=self.batch_size, update=t + 1)
+                    StepRecord(
+                        str(r.worker.task),
+                        t,
+                        r.start,
+                        r.end,
+                        r.loss,
+                        mode="sync",
+                        local_step=r.worker.local_step,
+                        applied=True,
+                        examples=self.batch_size,
+                        update=t + 1,
+                    )
                 )
             losses = [r.loss for r in collected]
             self.history.add_global(
-                GlobalStep(t + 1, now, float(np.mean(losses)), aggregated=tuple(str(r.worker.task) for r in collected))
+                GlobalStep(
+                    t + 1,
+                    now,
+                    float(np.mean(losses)),
+                    aggregated=tuple(str(r.worker.task) for r in collected),
+                )
             )
             self._checkpoint()
         # drain what arrives late for the last step
@@ -606,12 +651,76 @@ class TrainingRun:
             except queue.Empty:
                 break
 
+    def _collect(self, t: int, R: int, apply_device: str) -> list[_Result] | None:
+        """The first ``R`` gradients for step ``t``, averaged and applied; None if stopped."""
+        import tensorflow as tf
+
+        collected: list[_Result] = []
+        while True:
+            while len(collected) < R:
+                if self._stop.is_set():
+                    return None
+                self._check_enough_workers(t, R)
+                try:
+                    res = self._results.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+                if res.step == t and not res.worker.lost:
+                    collected.append(res)
+                elif res.step != t:
+                    self._record_dropped(res)
+            try:
+                with client.gate.call(), tf.device(apply_device):
+                    self._apply([r.grads for r in collected]).numpy()
+                return collected
+            except Exception:  # noqa: BLE001 - a worker (or the ps) died since it answered
+                _clear_executor()
+                for r in collected:
+                    proc = self.cluster.procs[r.worker.task]
+                    proc.wait_for(lambda p=proc: not p.alive, 1.0)
+                    if not proc.alive:
+                        r.worker.lost = True
+                dead_ps = [p for p in self._ps_tasks() if p.job == "ps" and not self.cluster.procs[p].alive]
+                if dead_ps:
+                    raise self._ps_lost_error(dead_ps[0]) from None
+                if not any(r.worker.lost for r in collected):
+                    raise
+                collected = [r for r in collected if not r.worker.lost]
+
+    def _check_enough_workers(self, t: int, R: int) -> None:
+        alive = [w for w in self._workers.values() if not w.lost]
+        if len(alive) >= R:
+            return
+        lost = [str(w.task) for w in self._workers.values() if w.lost]
+        if self.backup_workers == 0:
+            raise TrainingError(
+                f"sync training needs all {self.workers_n} workers every step (backup_workers=0) and "
+                f"{', '.join(lost)} was lost at step {t}. Restart it (%tf_cluster restart {lost[0]}) and "
+                "resume(), or train with backup_workers=1 or mode='async'."
+            )
+        raise TrainingError(
+            f"sync training aggregates {R} gradients per step but only {len(alive)} workers are left "
+            f"({', '.join(lost)} lost at step {t}); restart one and resume()."
+        )
+
     def _record_dropped(self, res: _Result) -> None:
         self.history.add_step(
-            StepRecord(str(res.worker.task), res.step, res.start, res.end, res.loss, mode="sync",
-                       local_step=res.worker.local_step, applied=False, dropped=True, examples=self.batch_size)
+            StepRecord(
+                str(res.worker.task),
+                res.step,
+                res.start,
+                res.end,
+                res.loss,
+                mode="sync",
+                local_step=res.worker.local_step,
+                applied=False,
+                dropped=True,
+                examples=self.batch_size,
+            )
         )
-        self.history.add_event("dropped", str(res.worker.task), f"stale gradient of step {res.step}", step=res.step)
+        self.history.add_event(
+            "dropped", str(res.worker.task), f"stale gradient of step {res.step}", step=res.step
+        )
 
     def _sync_worker(self, w: _Worker) -> None:
         import tensorflow as tf
@@ -671,7 +780,11 @@ class TrainingRun:
         data = self.model.data
         with tf.device("/job:localhost/replica:0/task:0/device:CPU:0"):
             w = [tf.constant(a) for a in weights]
-            self.history.final_loss = float(self.model.loss(w, tf.constant(data.x_test), tf.constant(data.y_test)))
+            self.history.final_loss = float(
+                self.model.loss(w, tf.constant(data.x_test), tf.constant(data.y_test))
+            )
             if self.model.classifier:
-                self.history.final_accuracy = float(self.model.accuracy(w, tf.constant(data.x_test), tf.constant(data.y_test)))
+                self.history.final_accuracy = float(
+                    self.model.accuracy(w, tf.constant(data.x_test), tf.constant(data.y_test))
+                )
         self.final_weights = weights

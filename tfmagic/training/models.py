@@ -108,7 +108,12 @@ class Digits(Model):
             lim = np.sqrt(6.0 / (a + b))
             return rng.uniform(-lim, lim, size=(a, b)).astype(np.float32)
 
-        return [glorot(64, self.hidden), np.zeros(self.hidden, np.float32), glorot(self.hidden, 10), np.zeros(10, np.float32)]
+        return [
+            glorot(64, self.hidden),
+            np.zeros(self.hidden, np.float32),
+            glorot(self.hidden, 10),
+            np.zeros(10, np.float32),
+        ]
 
     def predict(self, weights, x):
         import tensorflow as tf
@@ -120,7 +125,9 @@ class Digits(Model):
         import tensorflow as tf
 
         logits = self.predict(weights, x)
-        return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.cast(y, tf.int32), logits=logits))
+        return tf.reduce_mean(
+            tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.cast(y, tf.int32), logits=logits)
+        )
 
 
 class KerasModel(Model):
@@ -168,9 +175,14 @@ class KerasModel(Model):
         self.keras_model = build()
         if not self.keras_model.built:
             self.keras_model.build((None,) + tuple(x.shape[1:]))
-        self.classifier = classifier if classifier is not None else loss in (
-            "sparse_categorical_crossentropy",
-            "categorical_crossentropy",
+        self.classifier = (
+            classifier
+            if classifier is not None
+            else loss
+            in (
+                "sparse_categorical_crossentropy",
+                "categorical_crossentropy",
+            )
         )
 
     def initial_weights(self, seed: int) -> list[np.ndarray]:
@@ -184,7 +196,9 @@ class KerasModel(Model):
     def predict(self, weights, x):
         model = self.keras_model
         # Run the Keras graph with the engine's (remote) weights in place of its own.
-        return model.stateless_call([w for w in weights], [v.value for v in model.non_trainable_variables], x, training=True)[0]
+        return model.stateless_call(
+            [w for w in weights], [v.value for v in model.non_trainable_variables], x, training=True
+        )[0]
 
     def loss(self, weights, x, y):
         import tensorflow as tf

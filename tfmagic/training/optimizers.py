@@ -13,7 +13,9 @@ NAMES = ("sgd", "momentum", "adagrad")
 
 
 class Optimizer:
-    def __init__(self, name: str = "sgd", lr: float = 0.1, momentum: float = 0.9, initial_accumulator: float = 0.1):
+    def __init__(
+        self, name: str = "sgd", lr: float = 0.1, momentum: float = 0.9, initial_accumulator: float = 0.1
+    ):
         if name not in NAMES:
             raise ValueError(f"unknown optimizer {name!r}; use one of {', '.join(NAMES)}")
         self.name = name

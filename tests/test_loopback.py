@@ -1,0 +1,388 @@
+"""The bind guard: the preload library, its build cache, and real TF servers with and without it.
+
+Real servers cost ~5 s each here, so one module-scoped pair (guarded and
+unguarded) serves every test that needs one: three TensorFlow processes in
+all, counting the client.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tfmagic import loopback
+
+from .conftest import poll_for
+
+LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1"}
+WILDCARD = {"0.0.0.0", "::"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _child_env(guarded: bool) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "TFMAGIC_BIND_HOST")}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    if guarded:
+        guard = loopback.bind_guard("127.0.0.1", base_env=env)
+        assert guard.available, guard.reason
+        env.update(guard.env)
+        env["TFMAGIC_BIND_DEBUG"] = "1"
+    return env
+
+
+# --- unit: the guard and its build cache ------------------------------------------------------
+
+
+@pytest.mark.unit
+def test_guard_is_available_here_and_preloads_an_existing_library():
+    guard = loopback.bind_guard()
+    assert guard.available, guard.reason
+    first = guard.env["LD_PRELOAD"].split(":")[0]
+    assert first == guard.library
+    assert Path(first).is_file() and first.endswith(".so")
+    assert guard.env["TFMAGIC_BIND_HOST"] == "127.0.0.1"
+
+
+@pytest.mark.unit
+def test_existing_ld_preload_is_kept_after_ours_and_not_doubled():
+    lib = loopback.bind_guard().library
+    guard = loopback.bind_guard(base_env={"LD_PRELOAD": "/opt/other.so"})
+    assert guard.env["LD_PRELOAD"] == f"{lib}:/opt/other.so"
+    again = loopback.bind_guard(base_env={"LD_PRELOAD": guard.env["LD_PRELOAD"]})
+    assert again.env["LD_PRELOAD"] == f"{lib}:/opt/other.so"
+    assert loopback.bind_guard(base_env={}).env["LD_PRELOAD"] == lib
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("host", ["localhost", "::1", "127.0.0.1:80", "", "0.0.0.0"])
+def test_a_host_that_is_not_one_ipv4_address_gives_no_guard_and_a_reason(host):
+    guard = loopback.bind_guard(host)
+    assert not guard.available
+    assert guard.env == {} and guard.library is None
+    assert "every interface" in guard.reason and "\n" not in guard.reason
+
+
+@pytest.mark.unit
+def test_library_key_changes_with_the_source():
+    text = loopback.SOURCE.read_text()
+    assert loopback.library_key(text) == loopback.library_key(text)
+    assert loopback.library_key(text + "\n/* changed */\n") != loopback.library_key(text)
+    assert loopback.library_key(text).startswith("bindhost-") and loopback.library_key(text).endswith(".so")
+
+
+@pytest.mark.unit
+def test_library_is_built_into_the_cache_dir_under_its_key(tmp_path, monkeypatch):
+    monkeypatch.setenv("TFMAGIC_CACHE_DIR", str(tmp_path / "cache"))
+    guard = loopback.bind_guard()
+    assert guard.available, guard.reason
+    expected = tmp_path / "cache" / loopback.library_key(loopback.SOURCE.read_text())
+    assert guard.library == str(expected)
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [expected.name], "no temp files left"
+    assert loopback.bind_guard().library == str(expected)  # cached in-process
+
+
+@pytest.mark.unit
+def test_no_compiler_gives_a_reason_that_says_what_to_install(tmp_path, monkeypatch):
+    monkeypatch.setenv("TFMAGIC_CACHE_DIR", str(tmp_path / "nocc"))
+    monkeypatch.setenv("CC", "no-such-compiler")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    guard = loopback.bind_guard()
+    assert not guard.available and guard.env == {}
+    assert "no C compiler" in guard.reason and "install gcc" in guard.reason
+
+
+@pytest.mark.unit
+def test_compile_failure_reports_the_compilers_last_line(tmp_path, monkeypatch):
+    bad = tmp_path / "badcc"
+    bad.write_text("#!/bin/sh\necho 'first line' >&2\necho 'fatal: broken compiler' >&2\nexit 1\n")
+    bad.chmod(0o755)
+    monkeypatch.setenv("TFMAGIC_CACHE_DIR", str(tmp_path / "badcache"))
+    monkeypatch.setenv("CC", str(bad))
+    guard = loopback.bind_guard()
+    assert not guard.available
+    assert "fatal: broken compiler" in guard.reason and "first line" not in guard.reason
+    assert not list((tmp_path / "badcache").iterdir()), "a failed build leaves nothing behind"
+
+
+@pytest.mark.unit
+def test_a_cache_path_ld_preload_cannot_carry_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("TFMAGIC_CACHE_DIR", str(tmp_path / "with space"))
+    guard = loopback.bind_guard()
+    assert not guard.available and "TFMAGIC_CACHE_DIR" in guard.reason
+
+
+BIND_PROBE = textwrap.dedent(
+    """
+    import json, socket
+    out = {}
+    def bind(name, family, addr, v6only=None):
+        s = socket.socket(family)
+        if v6only is not None:
+            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, v6only)
+        try:
+            s.bind(addr)
+            out[name] = list(s.getsockname()[:2])
+        except OSError as e:
+            out[name] = e.errno
+        finally:
+            s.close()
+    bind("v4_any", socket.AF_INET, ("0.0.0.0", 0))
+    bind("v4_lo", socket.AF_INET, ("127.0.0.1", 0))
+    bind("v6_any", socket.AF_INET6, ("::", 0), v6only=0)
+    bind("v6_lo", socket.AF_INET6, ("::1", 0))
+    bind("v6only_any", socket.AF_INET6, ("::", 0), v6only=1)
+    print(json.dumps(out))
+    """
+)
+
+
+@pytest.mark.unit
+def test_the_library_rewrites_only_wildcard_binds():
+    """Plain Python sockets in a child (no TensorFlow): what each bind becomes."""
+    env = _child_env(guarded=True)
+    env["TFMAGIC_BIND_DEBUG"] = "0"
+    out = subprocess.run(
+        [sys.executable, "-c", BIND_PROBE], env=env, capture_output=True, text=True, timeout=30
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == "", "silent unless TFMAGIC_BIND_DEBUG=1"
+    got = json.loads(out.stdout)
+    assert got["v4_any"][0] == "127.0.0.1"
+    assert got["v4_lo"][0] == "127.0.0.1"
+    assert got["v6_any"][0] == "::ffff:127.0.0.1"
+    assert got["v6_lo"][0] == "::1" or isinstance(got["v6_lo"], int)  # passes through (or no IPv6 here)
+    # An IPv6-only socket cannot take a mapped address: it fails closed, never listens everywhere.
+    assert got["v6only_any"] == errno.EINVAL
+
+    del env["TFMAGIC_BIND_HOST"]  # preloaded but not asked to rewrite
+    out = subprocess.run(
+        [sys.executable, "-c", BIND_PROBE], env=env, capture_output=True, text=True, timeout=30
+    )
+    got = json.loads(out.stdout)
+    assert got["v4_any"][0] == "0.0.0.0" and got["v6_any"][0] == "::"
+
+
+# --- real TensorFlow servers ------------------------------------------------------------------
+
+SERVER = textwrap.dedent(
+    """
+    import sys
+    import tensorflow as tf
+    port = int(sys.argv[1])
+    spec = tf.train.ClusterSpec({"worker": [f"127.0.0.1:{port}"]})
+    server = tf.distribute.Server(spec, job_name="worker", task_index=0)
+    sys.stdin.read()  # runs until the test closes stdin or kills it
+    """
+)
+
+CLIENT = textwrap.dedent(
+    """
+    import json, sys
+    import tensorflow as tf
+    results = {}
+    for target in sys.argv[1:]:
+        with tf.Graph().as_default():
+            with tf.device("/job:worker/task:0"):
+                x = tf.constant(6.0) * tf.constant(7.0)
+            config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=20000)
+            with tf.compat.v1.Session(target, config=config) as session:
+                results[target] = float(session.run(x))
+    print(json.dumps(results))
+    """
+)
+
+
+def _listening(pid: int, port: int) -> set[str]:
+    return {
+        c.laddr.ip
+        for c in psutil.Process(pid).net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN and c.laddr.port == port
+    }
+
+
+class Server:
+    def __init__(self, guarded: bool, log: Path):
+        self.guarded = guarded
+        self.port = _free_port()
+        self.log = log
+        with open(log, "wb") as f:
+            self.popen = subprocess.Popen(
+                [sys.executable, "-c", SERVER, str(self.port)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=f,
+                env=_child_env(guarded),
+            )
+
+    def wait_listening(self, timeout: float = 90.0) -> set[str]:
+        def listening():
+            if self.popen.poll() is not None:
+                tail = self.log.read_text(errors="replace").splitlines()[-5:]
+                raise AssertionError(f"server exited with {self.popen.returncode}: {tail}")
+            return _listening(self.popen.pid, self.port)
+
+        return poll_for(listening, timeout, what=f"a server listening on {self.port}")
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.kill()
+        self.popen.wait(timeout=10)
+        self.popen.stdin.close()
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    """A guarded and an unguarded worker server, started in parallel; killed by pid at the end."""
+    logs = tmp_path_factory.mktemp("servers")
+    started: list[Server] = []
+    try:
+        started.append(Server(True, logs / "guarded.log"))
+        started.append(Server(False, logs / "open.log"))
+        for server in started:
+            server.wait_listening()
+        yield {"guarded": started[0], "open": started[1]}
+    finally:
+        for server in started:
+            server.stop()
+        mine = {s.popen.pid for s in started}
+        left = {p.pid for p in psutil.Process().children(recursive=True)} & mine
+        assert not left, f"server processes left behind: {left}"
+
+
+@pytest.mark.cluster
+def test_a_guarded_server_listens_on_loopback_only(servers):
+    server = servers["guarded"]
+    addrs = _listening(server.popen.pid, server.port)
+    assert addrs and addrs <= LOOPBACK, addrs
+    every = {
+        c.laddr.ip for c in psutil.Process(server.popen.pid).net_connections("tcp") if c.status == "LISTEN"
+    }
+    assert not every & WILDCARD, f"a wildcard listener on another port: {every}"
+    assert (
+        f"tfmagic bindhost: [::]:{server.port} -> [::ffff:127.0.0.1]:{server.port}"
+        in server.log.read_text(errors="replace")
+    )
+
+
+@pytest.mark.cluster
+def test_an_unguarded_server_listens_on_every_interface(servers):
+    """The opposite case, so the test above can fail."""
+    server = servers["open"]
+    assert _listening(server.popen.pid, server.port) & WILDCARD
+
+
+@pytest.mark.cluster
+def test_a_loopback_client_runs_ops_on_the_guarded_server(servers):
+    port = servers["guarded"].port
+    targets = [f"grpc://127.0.0.1:{port}", f"grpc://localhost:{port}"]
+    client = subprocess.Popen(
+        [sys.executable, "-c", CLIENT, *targets],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_child_env(guarded=False),
+    )
+    try:
+        out, err = client.communicate(timeout=120)
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait(timeout=10)
+    assert client.returncode == 0, err.splitlines()[-5:]
+    assert json.loads(out) == {t: 42.0 for t in targets}
+    assert not psutil.pid_exists(client.pid) or psutil.Process(client.pid).status() == psutil.STATUS_ZOMBIE
+
+
+# --- another host: a network namespace on a veth pair ------------------------------------------
+
+HOST_ADDR, NS_ADDR = "10.241.0.1", "10.241.0.2"
+
+CONNECT = textwrap.dedent(
+    """
+    import errno, json, socket, sys
+    out = {}
+    for port in map(int, sys.argv[2:]):
+        try:
+            socket.create_connection((sys.argv[1], port), timeout=2).close()
+            out[port] = "connected"
+        except socket.timeout:
+            out[port] = "timeout"
+        except OSError as e:
+            out[port] = errno.errorcode.get(e.errno, str(e))
+    print(json.dumps(out))
+    """
+)
+
+
+def _ip(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=10)
+
+
+@pytest.fixture
+def netns():
+    """A network namespace joined to this host by a veth pair: 10.241.0.1 here, 10.241.0.2 there."""
+    if shutil.which("ip") is None:
+        pytest.skip("needs the ip command (iproute2) to create a network namespace")
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create a network namespace")
+    if "10.241.0." in _ip("-4", "addr").stdout:
+        pytest.skip("10.241.0.0/30 is already in use on this host")
+    name, host_if, ns_if = (
+        f"tfmtest{os.getpid()}",
+        f"tfmh{os.getpid() % 100000}",
+        f"tfmn{os.getpid() % 100000}",
+    )
+    made = _ip("netns", "add", name)
+    if made.returncode != 0:
+        pytest.skip(f"cannot create a network namespace here: {made.stderr.strip()}")
+    try:
+        steps = [
+            ("link", "add", host_if, "type", "veth", "peer", "name", ns_if),
+            ("link", "set", ns_if, "netns", name),
+            ("addr", "add", f"{HOST_ADDR}/30", "dev", host_if),
+            ("link", "set", host_if, "up"),
+            ("-n", name, "addr", "add", f"{NS_ADDR}/30", "dev", ns_if),
+            ("-n", name, "link", "set", ns_if, "up"),
+            ("-n", name, "link", "set", "lo", "up"),
+        ]
+        for step in steps:
+            done = _ip(*step)
+            assert done.returncode == 0, f"ip {' '.join(step)}: {done.stderr.strip()}"
+        yield name
+    finally:
+        _ip("netns", "del", name)
+        if _ip("link", "show", host_if).returncode == 0:
+            _ip("link", "del", host_if)
+        assert name not in _ip("netns", "list").stdout
+
+
+@pytest.mark.cluster
+def test_from_another_network_only_the_unguarded_server_is_reachable(servers, netns):
+    guarded, open_ = servers["guarded"].port, servers["open"].port
+    out = subprocess.run(
+        ["ip", "netns", "exec", netns, sys.executable, "-c", CONNECT, HOST_ADDR, str(open_), str(guarded)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 0, out.stderr
+    got = {int(k): v for k, v in json.loads(out.stdout).items()}
+    if got[open_] == "timeout":
+        pytest.skip("a host firewall drops traffic from the namespace, so exposure cannot be shown here")
+    assert got[open_] == "connected", got
+    assert got[guarded] == "ECONNREFUSED", got
