@@ -44,6 +44,8 @@ from .models import Model, resolve
 from .optimizers import Optimizer
 
 MODES = ("sync", "async")
+#: async: how many steps' numbers are fetched from a worker in one round trip
+FETCH_EVERY = int(os.environ.get("TFMAGIC_FETCH_EVERY", "8"))
 
 
 @contextlib.contextmanager
@@ -215,6 +217,7 @@ class TrainingRun:
         self._workers: dict[TaskName, _Worker] = {}
         self._last_checkpoint_step = -1
         self._writer = None
+        self._done_calls = 0
 
     # -- control -------------------------------------------------------------
     def start(self) -> TrainingRun:
@@ -259,6 +262,7 @@ class TrainingRun:
         self.initial_weights = [data[f"w{i}"] for i in range(int(data["n_weights"]))]
         self._slot_values = [data[f"s{i}"] for i in range(int(data["n_slots"]))]
         self._start_step = int(data["step"])
+        self._done_calls = 0
         self.error = None
         self._fatal = None
         self._stop.clear()
@@ -361,10 +365,6 @@ class TrainingRun:
                     self.variables.append(tf.Variable(value, name=f"w{i}"))
             with tf.device(ps[0].device):
                 self.global_step = tf.Variable(self._start_step, dtype=tf.int64, name="global_step")
-                # assign_add then read is two ops: without a lock two workers can
-                # both read the same new step.  The lock makes every async update
-                # (and its step number) its own.
-                self._lock = tf.CriticalSection(name="update_lock")
             self.optimizer.create_slots(self.variables)
             if getattr(self, "_slot_values", None):
                 self.optimizer.load_state(self._slot_values)
@@ -392,13 +392,7 @@ class TrainingRun:
         x, y = self.model.data.shard(w.index, self.workers_n)
         n = len(x)
         batch = self.batch_size
-        model, variables, opt, gstep, lock = (
-            self.model,
-            self.variables,
-            self.optimizer,
-            self.global_step,
-            self._lock,
-        )
+        model, variables, opt, gstep = self.model, self.variables, self.optimizer, self.global_step
         with client.gate.call(), tf.device(w.task.device):
             xs = tf.identity(tf.convert_to_tensor(x))
             ys = tf.identity(tf.convert_to_tensor(y))
@@ -420,11 +414,10 @@ class TrainingRun:
                         loss = model.loss(variables, xb, yb)
                 grads = tape.gradient(loss, variables)
 
-                def update():
-                    with tf.control_dependencies(opt.apply(grads, variables)):
-                        return gstep.assign_add(1)
-
-                new = lock.execute(update)
+                with tf.control_dependencies(opt.apply(grads, variables)):
+                    # An atomic fetch-and-increment: every update gets its own step
+                    # number (assign_add followed by a read is two ops and races).
+                    new = tf.raw_ops.ResourceCountUpTo(resource=gstep.handle, limit=2**62, T=tf.int64) + 1
                 return tf.stack(
                     [tf.cast(loss, tf.float64), tf.cast(read, tf.float64), tf.cast(new, tf.float64)]
                 )
@@ -563,21 +556,52 @@ class TrainingRun:
             self._checkpoint()
 
     def _async_worker(self, w: _Worker) -> None:
+        """Step as fast as this worker can; fetch the steps' numbers in batches.
+
+        With a synchronous executor a call returns once the step ran on the
+        worker, which gives its end time; its (loss, read step, new step)
+        stay on the worker and are fetched for several steps at once, which
+        saves a round trip per step.
+        """
         import tensorflow as tf
 
-        target = self.steps
+        pending: list[tuple[float, float, int, object]] = []
+        last_flush = time.monotonic()
         while not self._stop.is_set():
             if (w.lost or w.rebuild) and not self._wait_rejoin(w):
                 continue
             t0 = time.time()
             try:
                 with client.gate.call(), tf.device(w.task.device):
-                    loss, read, new = w.fn().numpy()
+                    handle = w.fn()
             except Exception as exc:  # noqa: BLE001 - sorted out by _handle_error
+                self._flush_async(w, pending)
                 self._handle_error(w, exc)
                 continue
-            t1 = time.time()
+            pending.append((t0, time.time(), w.local_step, handle))
+            w.local_step += 1
             w.errors = 0
+            with self._cond:
+                self._done_calls += 1
+                if self._done_calls >= self.steps - self._start_step:
+                    self._stop.set()
+            if len(pending) >= FETCH_EVERY or time.monotonic() - last_flush > 0.1:
+                self._flush_async(w, pending)
+                last_flush = time.monotonic()
+        self._flush_async(w, pending)
+
+    def _flush_async(self, w: _Worker, pending: list) -> None:
+        import tensorflow as tf
+
+        if not pending:
+            return
+        try:
+            with client.gate.call(), tf.device(w.task.device):
+                values = tf.stack([p[3] for p in pending]).numpy()
+        except Exception:  # noqa: BLE001 - the worker died with these numbers; the steps did happen
+            pending.clear()
+            return
+        for (t0, t1, local, _), (loss, read, new) in zip(pending, values):
             new = int(new)
             self.history.add_step(
                 StepRecord(
@@ -587,16 +611,14 @@ class TrainingRun:
                     t1,
                     float(loss),
                     mode="async",
-                    local_step=w.local_step,
+                    local_step=local,
                     staleness=max(0, new - 1 - int(read)),
                     examples=self.batch_size,
                     update=new,
                 )
             )
             self.history.add_global(GlobalStep(new, t1, float(loss), aggregated=(str(w.task),)))
-            w.local_step += 1
-            if new >= target:
-                self._stop.set()
+        pending.clear()
 
     # -- sync ----------------------------------------------------------------
     def _run_sync(self) -> None:

@@ -1,0 +1,334 @@
+"""A live dashboard in the notebook: per-worker throughput, convergence, the cluster.
+
+Built from ipywidgets (an ``Image`` holding a matplotlib drawing, and two
+``HTML`` panes), refreshed from a background thread at ``refresh`` seconds
+while training runs, so the kernel stays free: slow a worker in the next
+cell and the next frame shows it.  It stops refreshing when the runs it
+watches end or the cluster stops, and keeps its last frame.
+
+Without a widget front end (terminal IPython, nbconvert without widget
+state) the same object shows a PNG of its latest frame and a text summary.
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+import time
+
+from .dashdata import MAJOR, RollingRate, RunTrace
+from .procstats import cpu_percent, human_bytes, memory_of
+
+MODE_COLORS = {"sync": "#1f77b4", "async": "#d62728"}
+MARK_COLORS = {
+    "slow": "#ff7f0e",
+    "kill": "#d62728",
+    "lost": "#d62728",
+    "restart": "#2ca02c",
+    "rejoin": "#2ca02c",
+    "resume": "#9467bd",
+    "error": "#000000",
+}
+
+
+class Dashboard:
+    """Watch training runs on a cluster.
+
+    >>> dash = Dashboard(cluster, runs=[run])       # doctest: +SKIP
+    >>> dash                                        # shown in the notebook; refreshes itself
+    """
+
+    def __init__(
+        self, cluster=None, runs=(), refresh: float = 0.5, window: float = 3.0, max_points: int = 400
+    ) -> None:
+        self.cluster = cluster
+        self.refresh = refresh
+        self.window = window
+        self.max_points = max_points
+        self.origin = time.time()
+        self.rates = RollingRate(window)
+        self.traces: list[RunTrace] = []
+        self._throughput: dict[str, object] = {}
+        self._runs: list = []
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.frames = 0
+        self.last_png: bytes | None = None
+        self.last_draw_s: float | None = None
+        self._fig = None
+        self._widget = None
+        self._cluster_events_seen = 0
+        for run in runs:
+            self.watch(run)
+
+    # -- what is watched -----------------------------------------------------
+    def watch(self, run) -> None:
+        """Follow a TrainingRun, a Comparison (all its runs) or a History."""
+        for r in getattr(run, "runs", None) or [run]:
+            history = getattr(r, "history", r)
+            trace = RunTrace(history, self.origin, self.max_points)
+            for g in list(history.global_steps):
+                trace.on_global(g)
+            for e in list(history.events):
+                trace.on_event(e)
+
+            def listener(kind, item, trace=trace):
+                if kind == "step":
+                    self.rates.add(item.task, item.end)
+                elif kind == "global":
+                    trace.on_global(item)
+                elif kind == "event":
+                    trace.on_event(item)
+
+            history.listeners.append(listener)
+            with self._lock:
+                self.traces.append(trace)
+        with self._lock:
+            self._runs.append(run)
+
+    @property
+    def active(self) -> bool:
+        """Something is still training (and the cluster runs)."""
+        if self.cluster is not None and not self.cluster.running:
+            return False
+        for r in self._runs:
+            running = getattr(r, "running", None)  # TrainingRun, Comparison
+            if running is None:
+                running = not getattr(r, "done", True)  # a History
+            if running:
+                return True
+        return False
+
+    # -- drawing -------------------------------------------------------------
+    def _sample_throughput(self, now: float) -> None:
+        from .dashdata import DownsampledSeries
+
+        tasks = set(self.rates.keys())
+        if self.cluster is not None and self.cluster.cluster_def is not None:
+            tasks |= {str(t) for t in self.cluster.cluster_def.tasks() if t.job == "worker"}
+        for task in sorted(tasks):
+            series = self._throughput.setdefault(task, DownsampledSeries(self.max_points))
+            series.append(now - self.origin, self.rates.rate(task, now))
+
+    def _figure(self):
+        from matplotlib.figure import Figure
+
+        if self._fig is None:
+            self._fig = Figure(figsize=(11, 3.2), dpi=72)
+            self._axes = self._fig.subplots(1, 3)
+        for ax in self._axes:
+            ax.clear()
+        return self._fig, self._axes
+
+    def draw(self) -> bytes:
+        """Render one frame (PNG) from the current data."""
+        import io
+
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        t0 = time.perf_counter()
+        now = time.time()
+        self._sample_throughput(now)
+        fig, (ax_tp, ax_step, ax_time) = self._figure()
+        for i, (task, series) in enumerate(sorted(self._throughput.items())):
+            ax_tp.plot(series.xs, series.ys, color=f"C{i}", label=task, lw=1.5)
+        ax_tp.set_title(f"worker throughput (steps/s, last {self.window:g} s)", fontsize=10)
+        ax_tp.set_xlabel("seconds")
+        ax_tp.set_ylim(bottom=0)
+        if self._throughput:
+            ax_tp.legend(fontsize=8, loc="upper left")
+        traces = [t.copy() for t in self.traces]
+        for tr in traces:
+            color = MODE_COLORS.get(tr["mode"])
+            ax_step.plot(*tr["step"], color=color, label=tr["name"], lw=1.5)
+            ax_time.plot(*tr["time"], color=color, label=tr["name"], lw=1.5)
+            for m in tr["marks"]:
+                c = MARK_COLORS.get(m.kind, "#7f7f7f")
+                if m.kind in MAJOR:
+                    ax_time.axvline(m.t, color=c, ls="--", lw=1)
+                    ax_time.annotate(
+                        m.label,
+                        (m.t, 1),
+                        xycoords=("data", "axes fraction"),
+                        rotation=90,
+                        fontsize=7,
+                        color=c,
+                        va="top",
+                        ha="right",
+                    )
+                    ax_tp.axvline(m.t, color=c, ls="--", lw=1)
+                    if m.step is not None:
+                        ax_step.axvline(m.step, color=c, ls="--", lw=1)
+                elif m.kind == "dropped" and m.step is not None:
+                    ax_step.plot(
+                        [m.step], [0.02], marker="|", color="#7f7f7f", transform=ax_step.get_xaxis_transform()
+                    )
+        for ax, title, xlabel in (
+            (ax_step, "loss per update", "global step"),
+            (ax_time, "loss over time", "seconds"),
+        ):
+            ax.set_title(title, fontsize=10)
+            ax.set_xlabel(xlabel)
+            if any(tr["step"][1] for tr in traces):
+                ax.set_yscale("log")
+                ax.legend(fontsize=8, loc="upper right")
+        for ax in (ax_tp, ax_step, ax_time):
+            ax.grid(alpha=0.3)
+            ax.tick_params(labelsize=8)
+        fig.tight_layout()
+        canvas = FigureCanvasAgg(fig)
+        buf = io.BytesIO()
+        canvas.print_png(buf, pil_kwargs={"compress_level": 1})
+        png = buf.getvalue()
+        self.last_png = png
+        self.frames += 1
+        self.last_draw_s = time.perf_counter() - t0
+        return png
+
+    def table_html(self) -> str:
+        """The cluster table: state, pid, CPU, memory, slowness, what each task does."""
+        rows = []
+        now = time.time()
+        if self.cluster is not None:
+            defn = self.cluster.cluster_def
+            for task, proc in list(self.cluster.procs.items()):
+                alive = proc.alive
+                mem = memory_of(proc.pid) if alive else None
+                slow = self.cluster.slowness.get(task)
+                rate = self.rates.rate(str(task), now)
+                if not alive:
+                    doing = "gone"
+                elif task.job == "ps":
+                    doing = "holding variables"
+                elif rate > 0:
+                    doing = f"training, {rate:.0f} steps/s"
+                else:
+                    doing = "idle"
+                rows.append(
+                    [
+                        str(task),
+                        "running" if alive else f"exited ({proc.exit_code})",
+                        str(proc.pid),
+                        f"{cpu_percent(proc.pid):.0f}%" if alive else "-",
+                        human_bytes(mem["rss"]) if mem else "-",
+                        human_bytes(mem["pss"]) if mem else "-",
+                        f"x{slow:g}" if slow else "-",
+                        doing,
+                    ]
+                )
+            state = f"cluster {self.cluster.name}: {self.cluster.shape.describe()}" + (
+                "" if defn else " (stopped)"
+            )
+        else:
+            state = "no cluster"
+        head = "".join(
+            f"<th style='text-align:left;padding:0 8px'>{h}</th>"
+            for h in ("task", "state", "pid", "CPU", "RSS", "PSS", "slowed", "doing")
+        )
+        body = "".join(
+            "<tr>" + "".join(f"<td style='padding:0 8px'>{html.escape(c)}</td>" for c in r) + "</tr>"
+            for r in rows
+        )
+        return f"<div class='tfmagic-cluster'><b>{html.escape(state)}</b><table><tr>{head}</tr>{body}</table></div>"
+
+    def header_html(self) -> str:
+        parts = []
+        for tr in self.traces:
+            h = tr.history
+            state = "done" if h.done else "training"
+            if h.error:
+                state = "stopped"
+            extra = f", {tr.dropped} dropped" if tr.dropped else ""
+            loss = f", loss {h.global_steps[-1].loss:.4f}" if h.global_steps else ""
+            parts.append(f"<b>{html.escape(tr.name)}</b>: {state}, {tr.updates} updates{loss}{extra}")
+        if not parts:
+            parts.append("no training run yet")
+        return "<div class='tfmagic-header'>" + " &nbsp;|&nbsp; ".join(parts) + "</div>"
+
+    def summary(self) -> str:
+        lines = []
+        for tr in self.traces:
+            lines.append(tr.history.summary())
+        return "\n".join(lines) or "no training run yet"
+
+    # -- widgets and refresh -------------------------------------------------
+    @property
+    def widget(self):
+        if self._widget is None:
+            import ipywidgets as w
+
+            self._image = w.Image(
+                value=self.draw(), format="png", layout=w.Layout(width="100%", max_width="1100px")
+            )
+            self._header = w.HTML(self.header_html())
+            self._table = w.HTML(self.table_html())
+            self._widget = w.VBox([self._header, self._image, self._table])
+            self._widget.add_class("tfmagic-dashboard")
+        return self._widget
+
+    def update(self) -> None:
+        """Draw a new frame into the widgets (safe from a background thread)."""
+        png = self.draw()
+        if self._widget is not None:
+            self._image.value = png
+            self._header.value = self.header_html()
+            self._table.value = self.table_html()
+
+    def start(self) -> Dashboard:
+        """Refresh every ``refresh`` seconds until nothing is training."""
+        if self._thread is not None and self._thread.is_alive():
+            return self
+        self.widget  # noqa: B018 - build the widgets before the thread touches them
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="tfmagic-dashboard", daemon=True)
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        grace = 2  # frames drawn after the last run ended, so the final numbers show
+        while not self._stop.is_set():
+            t0 = time.monotonic()
+            try:
+                self.update()
+            except Exception:  # noqa: BLE001 - a failed frame must not kill the refresh
+                pass
+            if not self.active:
+                grace -= 1
+                if grace <= 0:
+                    break
+            self._stop.wait(max(0.0, self.refresh - (time.monotonic() - t0)))
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+
+    @property
+    def refreshing(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until the refresh thread has drawn its last frame."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # -- display -------------------------------------------------------------
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        try:
+            bundle = self.widget._repr_mimebundle_(include=include, exclude=exclude)
+        except Exception:  # noqa: BLE001 - no widget support: static picture
+            bundle = {}
+        if isinstance(bundle, tuple):
+            bundle = bundle[0]
+        bundle = dict(bundle or {})
+        png = self.last_png or self.draw()
+        import base64
+
+        bundle["image/png"] = base64.b64encode(png).decode()
+        bundle["text/plain"] = self.summary()
+        self.start()
+        return bundle
+
+    def _repr_pretty_(self, p, cycle) -> None:
+        p.text(self.summary())
