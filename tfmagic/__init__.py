@@ -42,6 +42,7 @@ _EXPORTS = {
     "TrainingError": "training",
     "KerasModel": "training",
     "History": "metrics",
+    "Dashboard": "dashboard",
 }
 
 

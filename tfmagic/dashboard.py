@@ -15,8 +15,9 @@ from __future__ import annotations
 import html
 import threading
 import time
+from collections import deque
 
-from .dashdata import MAJOR, RollingRate, RunTrace
+from .dashdata import MAJOR, Mark, RollingRate, RunTrace, place_event
 from .procstats import cpu_percent, human_bytes, memory_of
 
 MODE_COLORS = {"sync": "#1f77b4", "async": "#d62728"}
@@ -54,13 +55,20 @@ class Dashboard:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.frames = 0
+        self.full_draws = 0
         self.last_png: bytes | None = None
         self.last_draw_s: float | None = None
         self._fig = None
         self._widget = None
-        self._cluster_events_seen = 0
+        self.marks: deque[Mark] = deque(maxlen=100)  # cluster events: slow, kill, restart, lost
+        if cluster is not None:
+            cluster.listeners.append(self._on_cluster_event)
         for run in runs:
             self.watch(run)
+
+    def _on_cluster_event(self, event) -> None:
+        if event.kind in MAJOR:
+            self.marks.append(place_event(event, self.origin, None))
 
     # -- what is watched -----------------------------------------------------
     def watch(self, run) -> None:
@@ -112,79 +120,185 @@ class Dashboard:
             series.append(now - self.origin, self.rates.rate(task, now))
 
     def _figure(self):
+        """The figure and its axes, made once; frames only update their data."""
         from matplotlib.figure import Figure
+        from matplotlib.ticker import FormatStrFormatter, LogLocator, MaxNLocator, NullFormatter, NullLocator
 
         if self._fig is None:
-            self._fig = Figure(figsize=(11, 3.2), dpi=72)
-            self._axes = self._fig.subplots(1, 3)
-        for ax in self._axes:
-            ax.clear()
+            fig = Figure(figsize=(11, 3.2), dpi=72)
+            axes = fig.subplots(1, 3)
+            fig.subplots_adjust(left=0.05, right=0.99, bottom=0.16, top=0.9, wspace=0.22)
+            titles = (
+                (f"worker throughput (steps/s, last {self.window:g} s)", "seconds"),
+                ("loss per update", "global step"),
+                ("loss over time", "seconds"),
+            )
+            for ax, (title, xlabel) in zip(axes, titles):
+                ax.set_title(title, fontsize=10)
+                ax.set_xlabel(xlabel)
+                ax.grid(alpha=0.3)
+                ax.tick_params(labelsize=8)
+                ax.xaxis.set_major_locator(MaxNLocator(5))
+            axes[0].yaxis.set_major_locator(MaxNLocator(5))
+            for ax in axes[1:]:
+                ax.set_yscale("log")
+                # Tick text is most of a frame's cost: few ticks, plain numbers
+                # (the default log labels go through mathtext), no minor ticks.
+                ax.yaxis.set_major_locator(LogLocator(numticks=4))
+                ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+                ax.yaxis.set_minor_locator(NullLocator())
+                ax.yaxis.set_minor_formatter(NullFormatter())
+            self._fig, self._axes = fig, axes
+            self._canvas = None
+            self._background = None
+            self._lim: dict = {}
+            self._lines: dict[tuple, object] = {}
+            self._mark_artists: list = []
+            self._marks_drawn: tuple = ()
         return self._fig, self._axes
 
+    def _line(self, key: tuple, ax, **style):
+        line = self._lines.get(key)
+        if line is None:
+            (line,) = ax.plot([], [], animated=True, **style)
+            self._lines[key] = line
+            self._background = None  # the legend changes: redraw everything once
+            ax.legend(fontsize=8, loc="upper right" if ax is not self._axes[0] else "upper left")
+        return line
+
+    def _limits(self) -> tuple:
+        """Axis limits that change rarely (grown in steps), so most frames only redraw lines."""
+        import math
+
+        def grow(current, needed, factor=1.5, floor=1.0):
+            return current if current >= needed else max(floor, needed * factor)
+
+        lim = dict(self._lim)
+        xs_tp, ys_tp, xs_step, xs_time, losses = [0.0], [0.0], [0.0], [0.0], []
+        for key, line in self._lines.items():
+            x, y = line.get_data()
+            if not len(x):
+                continue
+            if key[0] == "tp":
+                xs_tp.append(max(x))
+                ys_tp.append(max(y))
+            elif key[0] == "step":
+                xs_step.append(max(x))
+                losses.extend(v for v in y if v > 0)
+            elif key[0] == "time":
+                xs_time.append(max(x))
+        lim["tp_x"] = grow(lim.get("tp_x", 10.0), max(xs_tp + xs_time))
+        lim["tp_y"] = grow(lim.get("tp_y", 10.0), max(ys_tp), 1.3)
+        lim["step_x"] = grow(lim.get("step_x", 10.0), max(xs_step))
+        if losses:
+            lo = 10 ** math.floor(math.log10(min(losses)))
+            hi = 10 ** math.ceil(math.log10(max(losses)))
+            lim["loss"] = (min(lo, lim.get("loss", (lo, hi))[0]), max(hi, lim.get("loss", (lo, hi))[1]))
+        return tuple(sorted(lim.items()))
+
     def draw(self) -> bytes:
-        """Render one frame (PNG) from the current data."""
+        """Render one frame (PNG) from the current data.
+
+        Axes, ticks, labels and event marks are drawn only when they change
+        (new limits, a new line, a new event) and kept as a background; a
+        usual frame restores it and draws the lines alone, which is what
+        keeps a refresh cheap on a busy machine.
+        """
         import io
 
         from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from PIL import Image
 
         t0 = time.perf_counter()
         now = time.time()
         self._sample_throughput(now)
         fig, (ax_tp, ax_step, ax_time) = self._figure()
         for i, (task, series) in enumerate(sorted(self._throughput.items())):
-            ax_tp.plot(series.xs, series.ys, color=f"C{i}", label=task, lw=1.5)
-        ax_tp.set_title(f"worker throughput (steps/s, last {self.window:g} s)", fontsize=10)
-        ax_tp.set_xlabel("seconds")
-        ax_tp.set_ylim(bottom=0)
-        if self._throughput:
-            ax_tp.legend(fontsize=8, loc="upper left")
+            self._line(("tp", task), ax_tp, color=f"C{i}", label=task, lw=1.5).set_data(series.xs, series.ys)
         traces = [t.copy() for t in self.traces]
         for tr in traces:
             color = MODE_COLORS.get(tr["mode"])
-            ax_step.plot(*tr["step"], color=color, label=tr["name"], lw=1.5)
-            ax_time.plot(*tr["time"], color=color, label=tr["name"], lw=1.5)
-            for m in tr["marks"]:
-                c = MARK_COLORS.get(m.kind, "#7f7f7f")
-                if m.kind in MAJOR:
-                    ax_time.axvline(m.t, color=c, ls="--", lw=1)
-                    ax_time.annotate(
-                        m.label,
-                        (m.t, 1),
-                        xycoords=("data", "axes fraction"),
-                        rotation=90,
-                        fontsize=7,
-                        color=c,
-                        va="top",
-                        ha="right",
-                    )
-                    ax_tp.axvline(m.t, color=c, ls="--", lw=1)
-                    if m.step is not None:
-                        ax_step.axvline(m.step, color=c, ls="--", lw=1)
-                elif m.kind == "dropped" and m.step is not None:
-                    ax_step.plot(
-                        [m.step], [0.02], marker="|", color="#7f7f7f", transform=ax_step.get_xaxis_transform()
-                    )
-        for ax, title, xlabel in (
-            (ax_step, "loss per update", "global step"),
-            (ax_time, "loss over time", "seconds"),
-        ):
-            ax.set_title(title, fontsize=10)
-            ax.set_xlabel(xlabel)
-            if any(tr["step"][1] for tr in traces):
-                ax.set_yscale("log")
-                ax.legend(fontsize=8, loc="upper right")
-        for ax in (ax_tp, ax_step, ax_time):
-            ax.grid(alpha=0.3)
-            ax.tick_params(labelsize=8)
-        fig.tight_layout()
-        canvas = FigureCanvasAgg(fig)
+            self._line(("step", tr["name"]), ax_step, color=color, label=tr["name"], lw=1.5).set_data(
+                *tr["step"]
+            )
+            self._line(("time", tr["name"]), ax_time, color=color, label=tr["name"], lw=1.5).set_data(
+                *tr["time"]
+            )
+            drops = [m.step for m in tr["marks"] if m.kind == "dropped" and m.step is not None]
+            if drops:  # one artist for all of them: a long run has many
+                self._line(
+                    ("drop", tr["name"]),
+                    ax_step,
+                    ls="",
+                    marker="|",
+                    color="#7f7f7f",
+                    transform=ax_step.get_xaxis_transform(),
+                    label=f"{tr['name']}: dropped gradient",
+                ).set_data(drops, [0.03] * len(drops))
+        marks_changed = self._draw_marks(traces)
+        limits = self._limits()
+        canvas = FigureCanvasAgg(fig) if self._canvas is None else self._canvas
+        self._canvas = canvas
+        if self._background is None or marks_changed or limits != tuple(sorted(self._lim.items())):
+            self._lim = dict(limits)
+            ax_tp.set_xlim(0, self._lim["tp_x"])
+            ax_time.set_xlim(0, self._lim["tp_x"])
+            ax_tp.set_ylim(0, self._lim["tp_y"])
+            ax_step.set_xlim(0, self._lim["step_x"])
+            if "loss" in self._lim:
+                ax_step.set_ylim(*self._lim["loss"])
+                ax_time.set_ylim(*self._lim["loss"])
+            canvas.draw()
+            self._background = canvas.copy_from_bbox(fig.bbox)
+            self.full_draws += 1
+        else:
+            canvas.restore_region(self._background)
+        for line in self._lines.values():
+            line.axes.draw_artist(line)
+        image = Image.frombuffer("RGBA", canvas.get_width_height(), canvas.buffer_rgba(), "raw", "RGBA", 0, 1)
         buf = io.BytesIO()
-        canvas.print_png(buf, pil_kwargs={"compress_level": 1})
+        image.convert("RGB").save(buf, format="PNG", compress_level=1)
         png = buf.getvalue()
         self.last_png = png
         self.frames += 1
         self.last_draw_s = time.perf_counter() - t0
         return png
+
+    def _draw_marks(self, traces) -> bool:
+        """Vertical lines for events; redrawn only when the set of events changes."""
+        (ax_tp, ax_step, ax_time) = self._axes
+        step_marks = [
+            (m.step, m.kind) for tr in traces for m in tr["marks"] if m.kind in MAJOR and m.step is not None
+        ]
+        time_marks = [(m.t, m.kind, m.label) for m in list(self.marks)]
+        key = (tuple(step_marks), tuple(time_marks))
+        if key == self._marks_drawn:
+            return False
+        for artist in self._mark_artists:
+            artist.remove()
+        self._mark_artists = []
+        for step, kind in step_marks:
+            self._mark_artists.append(
+                ax_step.axvline(step, color=MARK_COLORS.get(kind, "#7f7f7f"), ls="--", lw=1)
+            )
+        for t, kind, label in time_marks:
+            c = MARK_COLORS.get(kind, "#7f7f7f")
+            for ax in (ax_tp, ax_time):
+                self._mark_artists.append(ax.axvline(t, color=c, ls="--", lw=1))
+            self._mark_artists.append(
+                ax_tp.annotate(
+                    label,
+                    (t, 0.98),
+                    xycoords=("data", "axes fraction"),
+                    rotation=90,
+                    fontsize=7,
+                    color=c,
+                    va="top",
+                    ha="right",
+                )
+            )
+        self._marks_drawn = key
+        return True
 
     def table_html(self) -> str:
         """The cluster table: state, pid, CPU, memory, slowness, what each task does."""
@@ -301,6 +415,8 @@ class Dashboard:
 
     def stop(self) -> None:
         self._stop.set()
+        if self.cluster is not None and self._on_cluster_event in self.cluster.listeners:
+            self.cluster.listeners.remove(self._on_cluster_event)
         if self._thread is not None:
             self._thread.join(10)
 

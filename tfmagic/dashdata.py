@@ -28,6 +28,7 @@ class DownsampledSeries:
         self.max_points = max_points
         self.xs: list[float] = []
         self.ys: list[float] = []
+        self.ws: list[int] = []  # raw points behind each stored point
         self.stride = 1  # raw points per stored point
         self._pending: list[tuple[float, float]] = []
 
@@ -37,6 +38,7 @@ class DownsampledSeries:
             return
         px = sum(p[0] for p in self._pending) / len(self._pending)
         py = sum(p[1] for p in self._pending) / len(self._pending)
+        self.ws.append(len(self._pending))
         self._pending.clear()
         self.xs.append(px)
         self.ys.append(py)
@@ -44,13 +46,19 @@ class DownsampledSeries:
             self._halve()
 
     def _halve(self) -> None:
+        """Merge neighbours pairwise, weighted by how many raw points each holds."""
+        xs, ys, ws = [], [], []
         n = len(self.xs) // 2 * 2
-        xs = [(self.xs[i] + self.xs[i + 1]) / 2 for i in range(0, n, 2)]
-        ys = [(self.ys[i] + self.ys[i + 1]) / 2 for i in range(0, n, 2)]
+        for i in range(0, n, 2):
+            a, b = self.ws[i], self.ws[i + 1]
+            xs.append((self.xs[i] * a + self.xs[i + 1] * b) / (a + b))
+            ys.append((self.ys[i] * a + self.ys[i + 1] * b) / (a + b))
+            ws.append(a + b)
         if n < len(self.xs):
             xs.append(self.xs[-1])
             ys.append(self.ys[-1])
-        self.xs, self.ys = xs, ys
+            ws.append(self.ws[-1])
+        self.xs, self.ys, self.ws = xs, ys, ws
         self.stride *= 2
 
     def __len__(self) -> int:
@@ -145,7 +153,7 @@ class RunTrace:
         with self._lock:
             if e.kind == "dropped":
                 self.dropped += 1
-            if e.kind in ("start",):
+            if e.kind == "start":
                 return
             self.marks.append(place_event(e, self.origin, self.last_step))
 

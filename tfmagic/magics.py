@@ -393,6 +393,8 @@ class TfMagics(Magics):
         except TfmagicError as exc:
             raise UsageError(str(exc)) from None
         training.set_last_run(run)
+        if not args.no_dashboard:
+            self._show_dashboard(cluster, run)
         if args.wait:
             try:
                 run.wait()
@@ -402,6 +404,41 @@ class TfMagics(Magics):
             except TfmagicError as exc:
                 raise UsageError(str(exc)) from None
         return run
+
+    def _show_dashboard(self, cluster, run):
+        from .dashboard import Dashboard
+
+        dash = Dashboard(cluster, runs=[run] if run is not None else [])
+        if self.in_notebook:
+            display(dash)
+        else:
+            print("Training in the background; run.history.summary() shows where it is.")
+        return dash
+
+    @magic_arguments()
+    @argument("--refresh", type=float, default=0.5, help="seconds between frames")
+    @line_magic
+    def tf_dashboard(self, line: str = ""):
+        """Show the live dashboard: per-worker throughput, convergence, the cluster.
+
+        It follows the last run started with %tf_train (or tfmagic.train with
+        block=False, registered via tfmagic.training.set_last_run) and the
+        current cluster, refreshing while something trains.
+        """
+        args = parse_argstring(self.tf_dashboard, line)
+        from . import training
+        from .dashboard import Dashboard
+
+        run = training.last_run()
+        cluster = current_cluster()
+        if cluster is None and run is None:
+            raise UsageError("nothing to show yet: start a cluster (%tf_cluster start) and train (%tf_train)")
+        dash = Dashboard(cluster, runs=[run] if run is not None else [], refresh=args.refresh)
+        if self.in_notebook:
+            display(dash)
+        else:
+            print(dash.summary())
+        return None
 
     # -- %%tf_device ---------------------------------------------------------
     @cell_magic

@@ -97,11 +97,13 @@ class Comparison:
                     break
                 self.current = run
                 run.start()
+                set_last_run(self)
                 run.wait(raise_error=False)
             self.current = None
 
         self._thread = threading.Thread(target=go, name="tfmagic-compare", daemon=True)
         self._thread.start()
+        set_last_run(self)
         return self
 
     @property

@@ -221,6 +221,9 @@ class TrainingRun:
 
     # -- control -------------------------------------------------------------
     def start(self) -> TrainingRun:
+        from . import set_last_run
+
+        set_last_run(self)
         self._thread = threading.Thread(target=self._main, name=f"tfmagic-train-{self.name}", daemon=True)
         self._thread.start()
         return self
