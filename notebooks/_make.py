@@ -337,6 +337,24 @@ except TrainingError as e:
     print(f"after {time.monotonic() - t0:.2f} s: {e}")
 cluster.restart("worker:2")
 """),
+    md("""
+## Watch it live
+
+`%tf_train` trains in the background and shows the dashboard: throughput per worker (rolling over the
+last seconds), loss per update and over time, and the cluster. While it runs, the next cell slows
+worker 0: within a second its throughput line drops, and a mark shows when it happened.
+"""),
+    code("run = %tf_train --mode async --model digits --steps 2500 --lr 0.05"),
+    code("""
+while run.history.steps < 600:
+    time.sleep(0.1)
+%tf_cluster slow worker:0 --factor 4
+"""),
+    code("""
+run.wait()
+run.dashboard.wait(10)   # the last frame stays, also in the saved notebook
+print(run.history.summary())
+"""),
     code("%tf_cluster stop"),
 ]
 

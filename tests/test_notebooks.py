@@ -87,7 +87,14 @@ def test_02_sync_vs_async():
 
 
 def test_03_stragglers_and_failures():
-    text = outputs(execute("03_stragglers_and_failures.ipynb"))
+    nb = execute("03_stragglers_and_failures.ipynb")
+    text = outputs(nb)
+    state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    images = [m for m in state.values() if m["model_name"] == "ImageModel"]
+    assert images, "the dashboard's widgets are saved with the notebook"
+    assert any(m.get("buffers") or m["state"].get("value") for m in images), "with its last frame"
+    headers = [m["state"]["value"] for m in state.values() if m["model_name"] == "HTMLModel" and "tfmagic-header" in m["state"].get("value", "")]
+    assert headers and re.search(r"async</b>: done, 25\d\d updates", headers[-1]), headers
     assert "Traceback" not in text
     assert _number(text, r"sync step time with worker:2 at 1/4 speed: ([\d.]+)x") > 1.3
     assert _number(text, r"async throughput with worker:2 at 1/4 speed: ([\d.]+)x") > 0.7

@@ -163,7 +163,7 @@ class Dashboard:
             (line,) = ax.plot([], [], animated=True, **style)
             self._lines[key] = line
             self._background = None  # the legend changes: redraw everything once
-            ax.legend(fontsize=8, loc="upper right" if ax is not self._axes[0] else "upper left")
+            ax.legend(fontsize=8, loc="upper right" if ax is not self._axes[0] else "lower left")
         return line
 
     def _limits(self) -> tuple:

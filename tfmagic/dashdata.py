@@ -159,12 +159,17 @@ class RunTrace:
 
     def copy(self) -> dict:
         """A consistent snapshot for drawing."""
+        def ordered(series):
+            # async updates arrive a few at a time from each worker, not in step order
+            pairs = sorted(zip(series.xs, series.ys))
+            return [p[0] for p in pairs], [p[1] for p in pairs]
+
         with self._lock:
             return {
                 "name": self.name,
                 "mode": self.mode,
-                "step": (list(self.by_step.xs), list(self.by_step.ys)),
-                "time": (list(self.by_time.xs), list(self.by_time.ys)),
+                "step": ordered(self.by_step),
+                "time": ordered(self.by_time),
                 "marks": list(self.marks),
                 "dropped": self.dropped,
                 "updates": self.updates,

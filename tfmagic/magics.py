@@ -66,9 +66,12 @@ class StartProgress:
     def _repr_html_(self) -> str:
         import html
 
-        icon = {"up": "&#9989;", "failed": "&#10060;"}
+        icon = {
+            "up": "<span style='color:#1a7f37'>&#10003;</span>",
+            "failed": "<span style='color:#cf222e'>&#10007;</span>",
+        }
         rows = "".join(
-            f"<tr><td>{icon.get(s, '&#8987;')}</td><td><code>{html.escape(t)}</code></td>"
+            f"<tr><td>{icon.get(s, '&middot;')}</td><td><code>{html.escape(t)}</code></td>"
             f"<td>{html.escape(s)}</td><td>{html.escape(d)}</td></tr>"
             for t, (s, d) in self.rows.items()
         )
@@ -355,6 +358,7 @@ class TfMagics(Magics):
     @argument(
         "--wait", action="store_true", help="block until training ends (default: train in the background)"
     )
+    @argument("--no-dashboard", action="store_true", help="do not show the live dashboard")
     @line_magic
     def tf_train(self, line: str = ""):
         """Train a model on the running cluster, sync or async, in the background.
@@ -394,7 +398,7 @@ class TfMagics(Magics):
             raise UsageError(str(exc)) from None
         training.set_last_run(run)
         if not args.no_dashboard:
-            self._show_dashboard(cluster, run)
+            run.dashboard = self._show_dashboard(cluster, run)
         if args.wait:
             try:
                 run.wait()

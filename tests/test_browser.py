@@ -1,0 +1,189 @@
+"""The dashboard as a person sees it: a real JupyterLab / Notebook 7 / Voila page in headless Chromium.
+
+A notebook starts a cluster and trains in the background with the live
+dashboard; the page must show the dashboard, and its picture and numbers
+must change between two reads while training runs.  Screenshots go to
+test-artifacts/browser/ (look at them: they are what a user sees).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from .conftest import assert_gone, poll_for, task_processes
+
+pytestmark = [pytest.mark.browser, pytest.mark.cluster]
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "test-artifacts" / "browser"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+NOTEBOOK_CELLS = [
+    "%load_ext tfmagic",
+    "%tf_cluster start --ps 1 --workers 2",
+    "run = %tf_train --mode async --model digits --steps 20000 --lr 0.05",
+    "%tf_cluster slow worker:1 --factor 4",
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def server(tmp_path):
+    """A Jupyter server (JupyterLab, Notebook 7 and Voila) on a free loopback port."""
+    if not os.path.exists(CHROMIUM):
+        pytest.skip("Debian's chromium is not installed (.ci/run installs it: apt-get install -y chromium)")
+    pytest.importorskip("playwright")
+    pytest.importorskip("jupyterlab")
+    work = tmp_path / "work"
+    work.mkdir()
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in NOTEBOOK_CELLS])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, work / "dash.ipynb")
+    port, token = _free_port(), secrets.token_hex(16)
+    env = dict(os.environ, TFMAGIC_SPARES="0")
+    env.pop("PYTEST_CURRENT_TEST", None)
+    for name in ("JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR"):
+        d = tmp_path / name.lower()
+        d.mkdir()
+        env[name] = str(d)
+    settings = tmp_path / "jupyter_config_dir" / "lab" / "user-settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
+    (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    env["JUPYTERLAB_SETTINGS_DIR"] = str(tmp_path / "jupyter_config_dir" / "lab" / "user-settings")
+    log = open(tmp_path / "server.log", "w")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyter", "lab", "--allow-root", "--no-browser", "--ServerApp.ip=127.0.0.1",
+         f"--port={port}", "--port-retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={work}"],
+        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+
+    def ready():
+        try:
+            urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
+            return True
+        except OSError:
+            return proc.poll() is not None
+
+    before = set(task_processes())
+    try:
+        poll_for(ready, 60, what="the Jupyter server")
+        assert proc.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
+        yield base, token
+    finally:
+        try:
+            req = urllib.request.Request(f"{base}/api/shutdown?token={token}", method="POST")
+            urllib.request.urlopen(req, timeout=10)
+            proc.wait(30)
+        except Exception:
+            proc.kill()
+            proc.wait(10)
+        log.close()
+        assert_gone(set(task_processes()) - before, timeout=20)
+
+
+def _browser():
+    from playwright.sync_api import sync_playwright
+
+    pw = sync_playwright().start()
+    browser = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+    return pw, browser
+
+
+def _read_dashboard(page):
+    img = page.locator(".tfmagic-dashboard img").first
+    header = page.locator(".tfmagic-header").first
+    return img.get_attribute("src"), header.inner_text()
+
+
+def _updates(header_text: str) -> int:
+    import re
+
+    m = re.search(r"(\d+) updates", header_text)
+    return int(m.group(1)) if m else -1
+
+
+def _check_live(page, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    try:
+        page.locator(".tfmagic-dashboard img").first.wait_for(timeout=90_000)
+    except Exception:
+        page.screenshot(path=str(ARTIFACTS / f"{name}-failed.png"), full_page=True)
+        raise
+    poll_for(lambda: _updates(_read_dashboard(page)[1]) > 0, 120, what="training to show in the dashboard")
+    src1, head1 = _read_dashboard(page)
+    time.sleep(1.5)
+    src2, head2 = _read_dashboard(page)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}-page.png"), full_page=True)
+    page.locator(".tfmagic-dashboard").first.screenshot(path=str(ARTIFACTS / f"{name}-dashboard.png"))
+    assert src1 != src2, "the dashboard picture did not change while training ran"
+    assert _updates(head2) > _updates(head1), (head1, head2)
+    assert "worker:1" in page.locator(".tfmagic-cluster").first.inner_text()
+
+
+def test_dashboard_is_live_in_jupyterlab(server):
+    base, token = server
+    pw, browser = _browser()
+    try:
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(f"{base}/lab/tree/dash.ipynb?reset&token={token}")
+        page.locator('.jp-StatusBar-TextItem[title^="Change kernel"]').filter(has_text="Idle").wait_for(timeout=120_000)
+        page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+        page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()
+        _check_live(page, "jupyterlab")
+        # the slowed worker shows in the cluster table
+        poll_for(lambda: "x4" in page.locator(".tfmagic-cluster").first.inner_text(), 120, what="the slow mark")
+        page.locator(".tfmagic-dashboard").first.screenshot(path=str(ARTIFACTS / "jupyterlab-slowed.png"))
+    finally:
+        browser.close()
+        pw.stop()
+
+
+def test_dashboard_is_live_in_voila(server):
+    pytest.importorskip("voila")
+    base, token = server
+    pw, browser = _browser()
+    try:
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(f"{base}/voila/render/dash.ipynb?token={token}", timeout=300_000)
+        _check_live(page, "voila")
+    finally:
+        browser.close()
+        pw.stop()
+
+
+def test_dashboard_is_live_in_notebook7(server):
+    pytest.importorskip("notebook")
+    base, token = server
+    pw, browser = _browser()
+    try:
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(f"{base}/notebooks/dash.ipynb?token={token}")
+        page.locator(".jp-Notebook").wait_for(timeout=120_000)
+        poll_for(lambda: "Idle" in (page.locator(".jp-Notebook-ExecutionIndicator").first.get_attribute("data-status") or "")
+                 or page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").count() > 0, 120, what="kernel idle")
+        page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+        page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()
+        _check_live(page, "notebook7")
+    finally:
+        browser.close()
+        pw.stop()
