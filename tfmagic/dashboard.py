@@ -170,7 +170,8 @@ class Dashboard:
         """Axis limits that change rarely (grown in steps), so most frames only redraw lines."""
         import math
 
-        def grow(current, needed, factor=1.5, floor=1.0):
+        def grow(current, needed, factor=2.0, floor=1.0):
+            # doubling: a long run redraws its axes a handful of times, not every few seconds
             return current if current >= needed else max(floor, needed * factor)
 
         lim = dict(self._lim)
@@ -187,9 +188,11 @@ class Dashboard:
                 losses.extend(v for v in y if v > 0)
             elif key[0] == "time":
                 xs_time.append(max(x))
-        lim["tp_x"] = grow(lim.get("tp_x", 10.0), max(xs_tp + xs_time))
-        lim["tp_y"] = grow(lim.get("tp_y", 10.0), max(ys_tp), 1.3)
-        lim["step_x"] = grow(lim.get("step_x", 10.0), max(xs_step))
+        lim["tp_x"] = grow(lim.get("tp_x", 30.0), max(xs_tp + xs_time))
+        lim["tp_y"] = grow(lim.get("tp_y", 50.0), max(ys_tp), 1.5)
+        runs = [x for r in self._runs for x in (getattr(r, "runs", None) or [r])]
+        planned = max([getattr(r, "steps", 0) for r in runs] + [10])
+        lim["step_x"] = grow(lim.get("step_x", float(planned)), max(xs_step))
         if losses:
             lo = 10 ** math.floor(math.log10(min(losses)))
             hi = 10 ** math.ceil(math.log10(max(losses)))

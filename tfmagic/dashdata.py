@@ -159,6 +159,7 @@ class RunTrace:
 
     def copy(self) -> dict:
         """A consistent snapshot for drawing."""
+
         def ordered(series):
             # async updates arrive a few at a time from each worker, not in step order
             pairs = sorted(zip(series.xs, series.ys))
