@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import client, owner
-from .errors import ClusterStartError, NoCluster, TaskLost
+from .errors import BadClusterShape, ClusterStartError, NoCluster, TaskLost
 from .launchers.base import Launcher, TaskProcess, TaskState
 from .launchers.local import LocalLauncher
 from .pool import SparePool, default_pool
@@ -127,8 +127,14 @@ class Cluster:
         pool: SparePool | None = None,
         start_timeout: float = 120.0,
         log_dir: str | os.PathLike | None = None,
+        collective: bool = False,
     ) -> None:
         self.shape = ClusterShape(ps=ps, workers=workers, chief=chief)
+        if collective and ps:
+            raise BadClusterShape(
+                "collective mode (MultiWorkerMirroredStrategy, all-reduce) has no parameter servers; use ps=0"
+            )
+        self.collective = collective
         self.id = next(_ids)
         self.name = name or f"c{self.id}"
         self.launcher = launcher or LocalLauncher()
@@ -262,6 +268,7 @@ class Cluster:
                             log=str(self.log_dir / f"{task.slug}.log"),
                             cpu_only=task.job == "ps",
                             threads=_threads_for(task.job, len(tasks)),
+                            collective=self.collective,
                         )
                         assigned.add(task)
                         say(str(task), "starting", f"server on {defn.address(task)}")
@@ -490,6 +497,7 @@ class Cluster:
                     log=log,
                     cpu_only=t.job == "ps",
                     threads=_threads_for(t.job, len(self.procs)),
+                    collective=self.collective,
                 )
                 proc.wait_for(lambda p=proc: p.state is not TaskState.ASSIGNING, deadline - time.monotonic())
             if proc.state is TaskState.RUNNING:

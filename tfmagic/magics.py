@@ -119,6 +119,12 @@ class TfMagics(Magics):
         "--timeout", type=float, default=None, help="seconds to wait for every task to come up (default 120)"
     )
     @argument(
+        "--collective",
+        action="store_true",
+        help="all-reduce mode (implies --ps 0): each task creates a MultiWorkerMirroredStrategy, which starts "
+        "its server; %%%%tf_px cells find it as `strategy`",
+    )
+    @argument(
         "--all-interfaces",
         action="store_true",
         help="let task servers listen on every network interface (default: loopback only)",
@@ -164,8 +170,10 @@ class TfMagics(Magics):
         return cluster
 
     def _cluster_start(self, args):
+        if args.collective and args.ps:
+            raise UsageError("--collective (all-reduce) has no parameter servers; use --ps 0 --collective")
         shape = ClusterShape(
-            ps=1 if args.ps is None else args.ps,
+            ps=(0 if args.collective else 1) if args.ps is None else args.ps,
             workers=2 if args.workers is None else args.workers,
         )
         gpus = args.gpus.split("/") if args.gpus else None
@@ -197,6 +205,7 @@ class TfMagics(Magics):
             worker_gpus=(gpus[0] if gpus and len(gpus) == 1 else gpus),
             spares=not args.no_spares,
             loopback_only=not args.all_interfaces,
+            collective=args.collective,
             **({"start_timeout": args.timeout} if args.timeout else {}),
         )
         view = StartProgress(shape.tasks())
@@ -230,7 +239,8 @@ class TfMagics(Magics):
         how = f"{outcome.warm} warm spare{'s' if outcome.warm != 1 else ''}, {outcome.cold} new"
         print(
             f"Cluster {cluster.name} started: {shape.describe()} in {outcome.seconds:.1f} s ({how}). "
-            f"Use %%tf_device worker:0 to run a cell there."
+            + ("Use %%tf_px: every task has a MultiWorkerMirroredStrategy ready as `strategy`."
+               if cluster.collective else "Use %%tf_device worker:0 to run a cell there.")
         )
         print(
             f"Security: {cluster.launcher.security_note()}; once connected, this kernel also "
@@ -443,6 +453,111 @@ class TfMagics(Magics):
         else:
             print(dash.summary())
         return None
+
+    # -- %%tf_px --------------------------------------------------------------
+    @magic_arguments()
+    @argument(
+        "--targets", default="all", help="all (default), worker:*, ps:*, or tasks such as ps:0,worker:1"
+    )
+    @argument(
+        "--noblock", action="store_true", help="return a handle at once (.wait(), .interrupt(), .results)"
+    )
+    @argument(
+        "-o",
+        dest="output",
+        default=None,
+        help="bind {task: value of the cell's last expression} to this name",
+    )
+    @cell_magic
+    def tf_px(self, line: str, cell: str):
+        """Run the cell's Python code inside every targeted task (between-graph replication).
+
+        Each task has, ready in a namespace that persists from cell to cell:
+        ``cluster`` (a tf.train.ClusterSpec), ``job_name``, ``task_index``,
+        ``server`` (the task's running server: ``server.target`` works as in
+        the seeds), ``TF_CONFIG`` (also in os.environ), ``tf`` and
+        ``report(step=..., loss=...)`` to feed tfmagic's metrics and dashboard.
+
+        Examples::
+
+            %%tf_px --targets worker:*
+            print(job_name, task_index, server.target)
+
+            %%tf_px -o losses
+            final_loss          # -> losses == {"ps:0": ..., "worker:0": ..., ...}
+
+        Output streams back while the cell runs, each line prefixed with its
+        task.  Interrupting the kernel interrupts the tasks' cells.
+        """
+        args = parse_argstring(self.tf_px, line)
+        cluster = self._need_cluster("run a cell in")
+        from .px import PxError, run_px
+
+        try:
+            run = run_px(cluster, cell, args.targets)
+        except (PxError, TfmagicError) as exc:
+            raise UsageError(str(exc)) from None
+        if args.noblock:
+            if args.output:
+                self.shell.user_ns[args.output] = run.results
+            return run
+        failed = self._follow_px(run)
+        if args.output:
+            self.shell.user_ns[args.output] = run.results
+        if failed:
+            raise _ShownAbove(f"(%%tf_px: {', '.join(failed)}; the other tasks' output is above)")
+        return None
+
+    def _follow_px(self, run) -> list[str]:
+        """Print the tasks' output as it arrives; returns what went wrong, per task."""
+        import queue as _queue
+
+        interrupted_at = None
+        while True:
+            try:
+                try:
+                    task, kind, payload = run.events.get(timeout=0.1)
+                except _queue.Empty:
+                    if run.done and run.events.empty():
+                        break
+                    if interrupted_at is not None and time.monotonic() - interrupted_at > 10:
+                        print(
+                            "Some tasks did not stop within 10 s of the interrupt; they go on in the background.",
+                            file=sys.stderr,
+                        )
+                        break
+                    continue
+            except KeyboardInterrupt:
+                run.interrupt()
+                interrupted_at = time.monotonic()
+                print("Interrupting the tasks' cells ...", file=sys.stderr)
+                continue
+            if kind == "stream":
+                name, text = payload
+                stream = sys.stderr if name == "stderr" else sys.stdout
+                for piece in text.splitlines(True):
+                    stream.write(f"[{task}] {piece}")
+                stream.flush()
+            elif kind in ("error", "interrupted"):
+                print(
+                    "".join(f"[{task}] {ln}" for ln in "".join(payload.traceback).splitlines(True)),
+                    file=sys.stderr,
+                    end="",
+                )
+            elif kind == "died":
+                detail = payload.evalue if hasattr(payload, "evalue") else payload
+                print(f"[{task}] {detail}; see %tf_cluster logs {task}", file=sys.stderr)
+        failed = []
+        for task, outcome in run.outcomes.items():
+            if outcome.status == "error":
+                failed.append(f"{task} raised {outcome.ename}")
+            elif outcome.status == "died":
+                failed.append(f"{task} died")
+            elif outcome.status == "interrupted":
+                failed.append(f"{task} interrupted")
+            elif outcome.status == "running":
+                failed.append(f"{task} still running")
+        return failed
 
     # -- %%tf_device ---------------------------------------------------------
     @cell_magic

@@ -23,7 +23,12 @@ must spawn one.
 
 from __future__ import annotations
 
+import ast
+import base64
+import builtins
+import linecache
 import os
+import pickle
 import queue
 import signal
 import socket
@@ -52,6 +57,7 @@ class TaskRuntime:
         self.handlers: dict[str, Callable[[dict[str, Any]], None]] = {
             "assign": self.assign,
             "env": self.report_env,
+            "exec": self.exec_cell,
             "ping": lambda msg: self.send("pong", id=msg.get("id")),
             "stop": lambda msg: self.die("stop requested by the owner", code=0),
         }
@@ -61,6 +67,9 @@ class TaskRuntime:
         self._parent = os.getppid()
         self._throttle: subprocess.Popen | None = None
         self.slow_factor = 1.0
+        self.namespace: dict[str, Any] | None = None
+        self.current_exec: str | None = None
+        self.cluster: dict | None = None
 
     # -- channel ---------------------------------------------------------
     def send(self, event: str, **fields: Any) -> None:
@@ -138,6 +147,11 @@ class TaskRuntime:
         print(f"tfmagic: running at 1/{factor:g} speed" if factor > 1 else "tfmagic: full speed", flush=True)
         self.send("slowed", id=msg.get("id"), factor=factor)
 
+    def urgent_interrupt(self, msg: dict[str, Any]) -> None:
+        """Raise KeyboardInterrupt in the running cell (if it is still that cell)."""
+        if self.current_exec is not None and msg.get("exec_id") in (None, self.current_exec):
+            signal.raise_signal(signal.SIGINT)
+
     # -- ops -------------------------------------------------------------
     def assign(self, msg: dict[str, Any]) -> None:
         """Take a role: set the environment, then start the TF server."""
@@ -170,14 +184,17 @@ class TaskRuntime:
             )
             if msg.get("cpu_only"):
                 config.device_count["GPU"] = 0
-            self.server = tf.distribute.Server(
-                tf.train.ClusterSpec(cluster),
-                job_name=job,
-                task_index=index,
-                protocol="grpc",
-                config=config,
-                start=True,
-            )
+            if msg.get("collective"):
+                self._start_collective(tf, cluster, job, index)
+            else:
+                self.server = tf.distribute.Server(
+                    tf.train.ClusterSpec(cluster),
+                    job_name=job,
+                    task_index=index,
+                    protocol="grpc",
+                    config=config,
+                    start=True,
+                )
         except Exception as exc:  # noqa: BLE001 - reported to the owner, who decides
             text = f"{type(exc).__name__}: {exc}"
             traceback.print_exc()
@@ -185,9 +202,90 @@ class TaskRuntime:
             self.send(protocol.ASSIGN_FAILED, kind=kind, message=text)
             return
         self.task = (job, index)
+        self.cluster = cluster
         port = int(cluster[job][index].rsplit(":", 1)[1])
         print(f"tfmagic: {job}:{index} serving {self.server.target} (port {port})", flush=True)
         self.send(protocol.READY, job=job, index=index, target=self.server.target, port=port)
+
+    # -- between-graph cells (%%tf_px) -------------------------------------
+    def _namespace(self) -> dict[str, Any]:
+        """What a cell finds ready, as the seeds' programs had after their start-up code."""
+        if self.namespace is None:
+            tf = self.tf
+            job, index = self.task or ("?", -1)
+            _tune_monitored_session(tf)
+            self.namespace = {
+                "__name__": "__main__",
+                "__builtins__": builtins,
+                "tf": tf,
+                "cluster": tf.train.ClusterSpec(self.cluster) if self.cluster else None,
+                "job_name": job,
+                "task_index": index,
+                "server": _ServerInCell(self.server),
+                "TF_CONFIG": os.environ.get("TF_CONFIG"),
+                "report": self.report,
+            }
+            if getattr(self, "strategy", None) is not None:
+                self.namespace["strategy"] = self.strategy
+        return self.namespace
+
+    def report(self, step: int | None = None, loss: float | None = None, **metrics: float) -> None:
+        """Tell the notebook about a training step (feeds tfmagic's metrics and dashboard).
+
+        ``report(step=global_step, loss=loss_value)`` inside a %%tf_px cell.
+        """
+        self.send(
+            "report",
+            exec_id=self.current_exec,
+            time=time.time(),
+            step=None if step is None else int(step),
+            loss=None if loss is None else float(loss),
+            metrics={k: float(v) for k, v in metrics.items()},
+        )
+
+    def exec_cell(self, msg: dict[str, Any]) -> None:
+        """Run a cell's code in this task's namespace, streaming its output."""
+        rid = msg["id"]
+        code = msg["code"]
+        filename = msg.get("filename") or f"<tf_px {self.task}>"
+        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+        ns = self._namespace()
+        out, err = _StreamToOwner(self, rid, "stdout"), _StreamToOwner(self, rid, "stderr")
+        saved = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = out, err
+        self.current_exec = rid
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        reply: dict[str, Any] = {"status": "ok"}
+        try:
+            tree = ast.parse(code, filename=filename)
+            last = None
+            if tree.body and isinstance(tree.body[-1], ast.Expr):
+                last = ast.Expression(tree.body.pop().value)
+            exec(compile(tree, filename, "exec"), ns)  # noqa: S102 - the owner's own cell
+            if last is not None:
+                value = eval(compile(last, filename, "eval"), ns)  # noqa: S307
+                if value is not None:
+                    reply["repr"] = repr(value)[:10000]
+                    try:
+                        reply["pickle"] = base64.b64encode(pickle.dumps(value)).decode()
+                    except Exception:  # noqa: BLE001 - the repr will do
+                        pass
+        except BaseException as exc:  # noqa: BLE001 - reported to the owner, the task goes on
+            tb = exc.__traceback__
+            while tb is not None and tb.tb_frame.f_code.co_filename != filename:
+                tb = tb.tb_next  # hide this file's frames: show the user's own lines
+            if isinstance(exc, SyntaxError):
+                lines = traceback.format_exception_only(type(exc), exc)
+            else:
+                lines = traceback.format_exception(type(exc), exc, tb)
+            reply = {"status": "error", "ename": type(exc).__name__, "evalue": str(exc), "traceback": lines}
+        finally:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            self.current_exec = None
+            out.flush()
+            err.flush()
+            sys.stdout, sys.stderr = saved
+        self.send("exec_done", id=rid, **reply)
 
     @staticmethod
     def _move_log(new_path: str) -> None:
@@ -204,6 +302,18 @@ class TaskRuntime:
             os.unlink(old_path)
         except OSError:
             pass
+
+    def _start_collective(self, tf, cluster, job: str, index: int) -> None:
+        """Collective mode: MultiWorkerMirroredStrategy starts this task's server itself.
+
+        TF's all-reduce strategy enables collective ops, which starts a gRPC
+        server on the task's port inside the eager context; a pre-started
+        ``tf.distribute.Server`` on that port would make it fail.  So in this
+        mode the task creates the strategy (from TF_CONFIG) instead, and cells
+        find it as ``strategy``.
+        """
+        self.strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        self.server = _CollectiveServer(f"grpc://{cluster[job][index]}")
 
     def report_env(self, msg: dict[str, Any]) -> None:
         keys = msg.get("keys") or []
@@ -250,6 +360,126 @@ class TaskRuntime:
             except Exception as exc:  # noqa: BLE001 - keep serving; the owner sees the error
                 traceback.print_exc()
                 self.send("error", id=msg.get("id"), message=f"{type(exc).__name__}: {exc}")
+
+
+class _ServerInCell:
+    """``server`` as a cell sees it: the task's own server, whose ``join()`` returns.
+
+    The seeds' programs end their ps branch with ``server.join()``; in a task
+    process the server keeps serving after the cell ends anyway, so joining
+    would only block the cell forever.  Everything else is the real server.
+    """
+
+    def __init__(self, server) -> None:
+        self._server = server
+
+    def join(self) -> None:
+        print("tfmagic: server.join() returns at once here: this task keeps serving after the cell ends.")
+
+    def __getattr__(self, name: str):
+        return getattr(self._server, name)
+
+    def __repr__(self) -> str:
+        return f"<server of this task: {self._server.target}>"
+
+
+class _CollectiveServer:
+    """What ``server`` is in collective mode: the target of the task's in-process server."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+    def join(self) -> None:
+        threading.Event().wait()
+
+    def __repr__(self) -> str:
+        return f"<collective-mode server {self.target}>"
+
+
+class _StreamToOwner:
+    """sys.stdout/sys.stderr during a cell: each line goes to the owner (and the log)."""
+
+    def __init__(self, runtime: TaskRuntime, exec_id: str, name: str) -> None:
+        self.runtime = runtime
+        self.exec_id = exec_id
+        self.name = name
+        self._buf = ""
+        self._lock = threading.Lock()
+        self._log = sys.__stderr__
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            self._buf += text
+            if "\n" in self._buf:
+                head, _, self._buf = self._buf.rpartition("\n")
+                self._emit(head + "\n")
+        return len(text)
+
+    def _emit(self, text: str) -> None:
+        try:
+            self._log.write(text)
+            self._log.flush()
+        except (OSError, ValueError):
+            pass
+        self.runtime.send("stream", exec_id=self.exec_id, name=self.name, text=text)
+
+    def flush(self) -> None:
+        with self._lock:
+            if self._buf:
+                self._emit(self._buf)
+                self._buf = ""
+
+    def isatty(self) -> bool:
+        return False
+
+    @property
+    def encoding(self) -> str:
+        return "utf-8"
+
+
+def _tune_monitored_session(tf) -> None:
+    """Documented tfmagic defaults that only make small runs on one machine fast.
+
+    Non-chief workers poll for the chief every second:
+
+    A non-chief ``MonitoredTrainingSession`` (through TF's
+    ``SessionManager``) that starts before the chief has initialised the
+    variables checks again only every ``recovery_wait_secs=30``; on one
+    machine that only makes small runs slow.  An explicit argument to
+    ``SessionManager`` wins; ``TFMAGIC_RECOVERY_WAIT_SECS`` sets the default.
+    """
+    import functools
+
+    from tensorflow.python.training import session_manager
+
+    cls = session_manager.SessionManager
+    if getattr(cls.__init__, "_tfmagic_tuned", False):
+        return
+    original = cls.__init__
+    wait = float(os.environ.get("TFMAGIC_RECOVERY_WAIT_SECS", "1"))
+
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        if len(args) < 5:  # recovery_wait_secs is the 5th parameter after self
+            kwargs.setdefault("recovery_wait_secs", wait)
+        original(self, *args, **kwargs)
+
+    __init__._tfmagic_tuned = True
+    cls.__init__ = __init__
+
+    # At the end of a sync run the chief's SyncReplicasOptimizer queue runner
+    # waits for gradients that will never come; closing the session then
+    # waits stop_grace_period_secs=120 for it.  TFMAGIC_STOP_GRACE_SECS (2).
+    grace = float(os.environ.get("TFMAGIC_STOP_GRACE_SECS", "2"))
+    train = tf.compat.v1.train
+    mts = train.MonitoredTrainingSession
+
+    @functools.wraps(mts)
+    def monitored_training_session(*args, **kwargs):
+        kwargs.setdefault("stop_grace_period_secs", grace)
+        return mts(*args, **kwargs)
+
+    train.MonitoredTrainingSession = monitored_training_session
 
 
 def main() -> None:

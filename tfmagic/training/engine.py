@@ -44,8 +44,10 @@ from .models import Model, resolve
 from .optimizers import Optimizer
 
 MODES = ("sync", "async")
-#: async: how many steps' numbers are fetched from a worker in one round trip
-FETCH_EVERY = int(os.environ.get("TFMAGIC_FETCH_EVERY", "8"))
+#: async: how many steps' numbers are fetched from a worker in one round trip,
+#: out of a ring buffer of RING rows kept on the worker
+FETCH_EVERY = 8
+RING = 64
 
 
 @contextlib.contextmanager
@@ -109,6 +111,8 @@ class _Worker:
     local_step: int = 0
     thread: threading.Thread | None = None
     tensors: list = field(default_factory=list)
+    ring: object = None
+    seen_k: int = -1
 
 
 @dataclass
@@ -400,6 +404,8 @@ class TrainingRun:
             xs = tf.identity(tf.convert_to_tensor(x))
             ys = tf.identity(tf.convert_to_tensor(y))
             counter = tf.Variable(0, dtype=tf.int64, name=f"local_step_{w.index}")
+            # async: (local step, loss, read step, new step) of the last RING steps, on the worker
+            ring = tf.Variable(tf.fill([RING, 4], -1.0), dtype=tf.float64, name=f"ring_{w.index}") if self.mode == "async" else None
 
         def take(k):
             idx = (k * batch + tf.range(batch, dtype=tf.int64)) % n
@@ -437,7 +443,7 @@ class TrainingRun:
                 grads = tape.gradient(loss, variables)
                 return tf.stack([tf.cast(loss, tf.float64), tf.cast(k, tf.float64)]), grads
 
-        w.fn, w.counter, w.tensors = step, counter, [xs, ys]
+        w.fn, w.counter, w.tensors, w.ring, w.seen_k = step, counter, [xs, ys], ring, -1
         w.rebuild = False
         w.errors = 0
 
@@ -562,26 +568,27 @@ class TrainingRun:
         """Step as fast as this worker can; fetch the steps' numbers in batches.
 
         With a synchronous executor a call returns once the step ran on the
-        worker, which gives its end time; its (loss, read step, new step)
-        stay on the worker and are fetched for several steps at once, which
-        saves a round trip per step.
+        worker, which gives its end time; the step's (loss, read step, new
+        step) go into a small ring buffer on the worker, read for several
+        steps at once: one round trip saved per step.
         """
         import tensorflow as tf
 
-        pending: list[tuple[float, float, int, object]] = []
+        pending: list[tuple[float, float, int]] = []
         last_flush = time.monotonic()
         while not self._stop.is_set():
             if (w.lost or w.rebuild) and not self._wait_rejoin(w):
+                pending.clear()
                 continue
             t0 = time.time()
             try:
                 with client.gate.call(), tf.device(w.task.device):
-                    handle = w.fn()
+                    w.fn()
             except Exception as exc:  # noqa: BLE001 - sorted out by _handle_error
                 self._flush_async(w, pending)
                 self._handle_error(w, exc)
                 continue
-            pending.append((t0, time.time(), w.local_step, handle))
+            pending.append((t0, time.time(), w.local_step))
             w.local_step += 1
             w.errors = 0
             with self._cond:
@@ -594,17 +601,22 @@ class TrainingRun:
         self._flush_async(w, pending)
 
     def _flush_async(self, w: _Worker, pending: list) -> None:
-        import tensorflow as tf
-
         if not pending:
             return
         try:
-            with client.gate.call(), tf.device(w.task.device):
-                values = tf.stack([p[3] for p in pending]).numpy()
+            with client.gate.call():
+                rows = w.ring.numpy()
         except Exception:  # noqa: BLE001 - the worker died with these numbers; the steps did happen
+            _clear_executor()
             pending.clear()
             return
-        for (t0, t1, local, _), (loss, read, new) in zip(pending, values):
+        fresh = sorted((r for r in rows if r[0] > w.seen_k), key=lambda r: r[0])
+        if fresh:
+            w.seen_k = int(fresh[-1][0])
+        # each successful call wrote one row, in order: pair the newest rows with the calls
+        fresh = fresh[-len(pending):]
+        for (t0, t1, _), (k, loss, read, new) in zip(pending[-len(fresh):] if fresh else [], fresh):
+            local = int(k)
             new = int(new)
             self.history.add_step(
                 StepRecord(

@@ -1,0 +1,245 @@
+"""Between-graph replication: run the same code inside every task (``%%tf_px``).
+
+The seeds' main pattern is one program per task, each with its own
+``job_name`` and ``task_index``.  :func:`run_px` sends a cell's code to the
+chosen tasks over their control channel (a pipe only this process holds: no
+one else can send code to a task); each task runs it in its own persistent
+namespace, with ``cluster``, ``job_name``, ``task_index``, ``server`` and
+``TF_CONFIG`` ready, and streams its output back line by line.
+
+    run = run_px(cluster, "print(job_name, task_index)", targets="worker:*")
+    run.wait()["worker:1"].stdout      # 'worker 1\\n'
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import os
+import pickle
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+from .errors import TfmagicError
+from .metrics import GlobalStep, History, StepRecord
+from .spec import TaskName
+
+_ids = itertools.count(1)
+
+
+class PxError(TfmagicError):
+    """A %%tf_px request that cannot be sent (bad targets, no cluster...)."""
+
+
+@dataclass
+class TaskOutcome:
+    """What one task did with the cell."""
+
+    task: str
+    status: str = "running"  # running | ok | error | died | interrupted
+    stdout: str = ""
+    stderr: str = ""
+    result: object = None
+    result_repr: str | None = None
+    ename: str | None = None
+    evalue: str | None = None
+    traceback: list[str] = field(default_factory=list)
+    started: float = field(default_factory=time.time)
+    ended: float | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.status != "running"
+
+
+def parse_targets(cluster, targets: str | None) -> list[TaskName]:
+    """``all`` (default), ``worker:*``, ``ps:0``, or a comma list of those."""
+    defn = cluster.cluster_def
+    if defn is None:
+        raise PxError("the cluster is not running; start it first (%tf_cluster start)")
+    every = defn.tasks()
+    if not targets or targets.strip() == "all":
+        return every
+    chosen: list[TaskName] = []
+    for part in targets.split(","):
+        part = part.strip()
+        if part.endswith(":*"):
+            job = part[:-2]
+            found = [t for t in every if t.job == job]
+            if not found:
+                jobs = sorted({t.job for t in every})
+                raise PxError(f"no job {job!r} in this cluster (it has {', '.join(jobs)}); use e.g. worker:*")
+            chosen.extend(found)
+        else:
+            chosen.append(defn.check(part))
+    return list(dict.fromkeys(chosen))
+
+
+class PxRun:
+    """One cell running in several tasks; outputs arrive while it runs.
+
+    ``events`` yields ``(task, kind, payload)`` as they come (``stream``,
+    ``done``, ``died``); ``wait()`` returns every task's :class:`TaskOutcome`;
+    ``interrupt()`` raises KeyboardInterrupt in the tasks still running.
+    Steps that the cell reports with ``report(step=..., loss=...)`` go to
+    ``history`` (the same metrics the training engine records).
+    """
+
+    def __init__(self, cluster, code: str, targets: list[TaskName], name: str | None = None) -> None:
+        self.cluster = cluster
+        self.code = code
+        self.targets = targets
+        self.id = f"px{os.getpid()}-{next(_ids)}"
+        self.name = name or self.id
+        self.outcomes = {str(t): TaskOutcome(str(t)) for t in targets}
+        self.events: queue.Queue = queue.Queue()
+        self.history = History("px", run=self.name, workers=[str(t) for t in targets if t.job == "worker"])
+        self._cond = threading.Condition()
+        self._procs = {}
+        self._listeners = {}
+        self._last_report: dict[str, float] = {}
+        self._seen_steps: set[int] = set()
+
+    # -- sending ---------------------------------------------------------------
+    def start(self) -> PxRun:
+        for task in self.targets:
+            proc = self.cluster.procs.get(task)
+            outcome = self.outcomes[str(task)]
+            if proc is None or not proc.alive:
+                outcome.status, outcome.ended = "died", time.time()
+                outcome.evalue = f"{task} is not running; restart it (%tf_cluster restart {task})"
+                self.events.put((str(task), "died", outcome.evalue))
+                continue
+            self._procs[str(task)] = proc
+            self._listeners[str(task)] = self._listener(str(task))
+            proc.listeners.append(self._listeners[str(task)])
+            proc.send("exec", id=self.id, code=self.code, filename=f"<tf_px {task}>")
+            self._last_report[str(task)] = time.time()
+        from .training import set_last_run
+
+        set_last_run(self)
+        return self
+
+    def _listener(self, task: str):
+        def on_event(proc, msg: dict) -> None:
+            kind = msg.get("event")
+            if kind == "exit":
+                self._finish(
+                    task,
+                    "died",
+                    evalue=f"the task's process ended (exit code {msg.get('code')}) during the cell",
+                )
+                return
+            if msg.get("id") != self.id and msg.get("exec_id") != self.id:
+                return
+            outcome = self.outcomes[task]
+            if kind == "stream":
+                if msg.get("name") == "stderr":
+                    outcome.stderr += msg["text"]
+                else:
+                    outcome.stdout += msg["text"]
+                self.events.put((task, "stream", (msg.get("name"), msg["text"])))
+            elif kind == "report":
+                self._on_report(task, msg)
+            elif kind == "exec_done":
+                proc._replies.pop(self.id, None)
+                if msg.get("status") == "ok":
+                    if msg.get("pickle"):
+                        try:
+                            outcome.result = pickle.loads(base64.b64decode(msg["pickle"]))  # noqa: S301 - our own task
+                        except Exception:  # noqa: BLE001 - e.g. a class only the task knows
+                            outcome.result = msg.get("repr")
+                    outcome.result_repr = msg.get("repr")
+                    self._finish(task, "ok")
+                else:
+                    status = "interrupted" if msg.get("ename") == "KeyboardInterrupt" else "error"
+                    self._finish(
+                        task,
+                        status,
+                        ename=msg.get("ename"),
+                        evalue=msg.get("evalue"),
+                        tb=msg.get("traceback") or [],
+                    )
+
+        return on_event
+
+    def _on_report(self, task: str, msg: dict) -> None:
+        now = msg.get("time") or time.time()
+        start = self._last_report.get(task, now)
+        self._last_report[task] = now
+        step = msg.get("step")
+        loss = msg.get("loss")
+        self.history.add_step(
+            StepRecord(
+                task,
+                step if step is not None else -1,
+                start,
+                now,
+                loss if loss is not None else float("nan"),
+                mode="px",
+            )
+        )
+        if step is not None and loss is not None and step not in self._seen_steps:
+            self._seen_steps.add(step)
+            self.history.add_global(GlobalStep(step, now, loss, aggregated=(task,)))
+
+    def _finish(self, task: str, status: str, ename=None, evalue=None, tb=None) -> None:
+        with self._cond:
+            outcome = self.outcomes[task]
+            if outcome.done:
+                return
+            outcome.status, outcome.ended = status, time.time()
+            outcome.ename, outcome.evalue, outcome.traceback = ename, evalue, tb or []
+            proc, listener = self._procs.get(task), self._listeners.get(task)
+            if proc is not None and listener in proc.listeners:
+                proc.listeners.remove(listener)
+            self._cond.notify_all()
+        self.events.put((task, status, outcome))
+        if all(o.done for o in self.outcomes.values()):
+            self.history.ended_at = time.time()
+
+    # -- waiting ---------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        return all(o.done for o in self.outcomes.values())
+
+    @property
+    def running(self) -> bool:
+        return not self.done
+
+    def wait(self, timeout: float | None = None) -> dict[str, TaskOutcome]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while not self.done:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(
+                        f"%%tf_px still running in {[t for t, o in self.outcomes.items() if not o.done]}"
+                    )
+                self._cond.wait(0.2 if left is None else min(left, 0.2))
+        return self.outcomes
+
+    def interrupt(self) -> None:
+        """KeyboardInterrupt in every task still running the cell."""
+        for task, outcome in self.outcomes.items():
+            proc = self._procs.get(task)
+            if proc is not None and not outcome.done:
+                proc.send("interrupt", exec_id=self.id)
+
+    cancel = interrupt
+
+    @property
+    def results(self) -> dict[str, object]:
+        """Each task's value of the cell's last expression (None where there was none)."""
+        return {t: o.result for t, o in self.outcomes.items()}
+
+    def __repr__(self) -> str:
+        states = ", ".join(f"{t}: {o.status}" for t, o in self.outcomes.items())
+        return f"<PxRun {self.name}: {states}>"
+
+
+def run_px(cluster, code: str, targets: str | None = "all", name: str | None = None) -> PxRun:
+    """Send ``code`` to the chosen tasks and return the running :class:`PxRun`."""
+    return PxRun(cluster, code, parse_targets(cluster, targets), name=name).start()
