@@ -100,6 +100,7 @@ REAL_RUNS = {
             True,
         ),
         ("Additional GRPC error information from remote target /job:worker/replica:0/task:0:", True),
+        ("This could happen if the remote target has been disconnected from the client.", True),
         (
             ':{"created":"@1795347984.831185","description":"Error received from peer ipv4:127.0.0.1:2222",'
             '"grpc_status":14}',

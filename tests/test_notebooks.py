@@ -102,3 +102,17 @@ def test_03_stragglers_and_failures():
     assert re.search(r"dropped as stale, per worker: \{[^}]*'worker:2': \d+", text)
     assert _number(text, r"worker:2 made (\d+) steps after it rejoined") > 0
     assert re.search(r"after [\d.]+ s: sync training needs all 3 workers", text)
+
+
+def test_04_between_graph():
+    text = outputs(execute("04_between_graph.ipynb"))
+    assert "Traceback" not in text and "This could happen" not in text
+    assert "[worker:1] I am worker:1, serving grpc://127.0.0.1:" in text
+    assert "[ps:0] tfmagic: server.join() returns at once" in text
+    rows = {
+        name: _number(text, re.escape(name) + r"\s+w = [\d.]+\s+b = [\d.]+\s+held-out loss ([\d.]+)")
+        for name in ("all-reduce sync (MWMS, between-graph)", "ps sync (seed 000, SyncReplicasOptimizer)", "ps async (seed 000)")
+    }
+    engine = _number(text, r"kernel-driven sync \(tfmagic.train\)\s+held-out loss ([\d.]+)")
+    assert all(v < 0.0115 for v in rows.values()), rows  # all at the noise floor (0.01)
+    assert rows["all-reduce sync (MWMS, between-graph)"] == pytest.approx(engine, abs=1e-5)

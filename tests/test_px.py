@@ -11,6 +11,7 @@ import psutil
 import pytest
 
 import tfmagic
+from tfmagic.dashboard import Dashboard
 from tfmagic.px import PxError, run_px
 from tfmagic.seeds import seed_000
 from tfmagic.training.models import Linear
@@ -139,6 +140,10 @@ def test_seed_000_sync_program_reaches_the_engines_loss(px_cluster):
     assert "returns at once" in out["ps:0"].stdout
     w, b = run_px(px_cluster, "(float(final_w[0][0]), float(final_b[0]))", targets="worker:0").wait(30)["worker:0"].result
     assert len({rec.task for rec in r.history.records}) == 2 and r.history.global_steps[-1].step >= steps - 1
+    # the reported steps feed the same dashboard as the engine's runs
+    dash = Dashboard(px_cluster, runs=[r])
+    assert not dash.active and dash.draw().startswith(b"\x89PNG")
+    assert "worker:0" in dash.summary() and "worker:1" in dash.summary(), dash.summary()
     data = Linear().data
     seed_loss = float(np.mean((data.x_test * w + b - data.y_test) ** 2))
     h = tfmagic.train(px_cluster, mode="sync", model=Linear(), steps=steps, batch_size=16, lr=0.1)

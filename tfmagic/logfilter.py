@@ -99,6 +99,7 @@ _CONTINUATION = re.compile(
     | :[A-Z][A-Z_]*:                             # gRPC status, new form  :UNKNOWN:Error received from peer
     | \{\s*"?(?:created|created_time|grpc_status|grpc_message|description)"?\s*:
     | Additional\ GRPC\ error\ information
+    | This\ could\ happen\ if\ the\ remote\ target\ has\ been\ disconnected  # context.cc, second line
     | To\ enable\ the\ following\ instructions:  # cpu_feature_guard.cc, second line
     | ===\ Source\ Location\ Trace:
     | (?:external|tensorflow|third_party|tsl|xla)/\S+:\d+   # source location trace entries

@@ -482,8 +482,23 @@ def _tune_monitored_session(tf) -> None:
     train.MonitoredTrainingSession = monitored_training_session
 
 
+def _quiet_queue_runner_shutdown(args) -> None:
+    """TF1 queue-runner threads die with CancelledError when their session closes
+    (SyncReplicasOptimizer's chief queue runner does at every end of training).
+    That is expected: keep it in the task's log, out of the cell's output."""
+    name = getattr(args.thread, "name", "") or ""
+    if name.startswith("QueueRunnerThread") and args.exc_type.__name__ in ("CancelledError", "OutOfRangeError"):
+        try:
+            sys.__stderr__.write(f"tfmagic: {name} ended with {args.exc_type.__name__} as its session closed\n")
+        except (OSError, ValueError):
+            pass
+        return
+    threading.__excepthook__(args)
+
+
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.excepthook = _quiet_queue_runner_shutdown
     TaskRuntime().run()
 
 

@@ -405,13 +405,14 @@ class TrainingRun:
             ys = tf.identity(tf.convert_to_tensor(y))
             counter = tf.Variable(0, dtype=tf.int64, name=f"local_step_{w.index}")
             # async: (local step, loss, read step, new step) of the last RING steps, on the worker
-            ring = tf.Variable(tf.fill([RING, 4], -1.0), dtype=tf.float64, name=f"ring_{w.index}") if self.mode == "async" else None
+            ring = tf.Variable(tf.fill([RING, 4], tf.constant(-1.0, tf.float64)), name=f"ring_{w.index}") if self.mode == "async" else None
 
         def take(k):
             idx = (k * batch + tf.range(batch, dtype=tf.int64)) % n
             return tf.gather(xs, idx), tf.gather(ys, idx)
 
         if self.mode == "async":
+            limit = self.steps
 
             @tf.function
             def step():
@@ -423,13 +424,21 @@ class TrainingRun:
                         loss = model.loss(variables, xb, yb)
                 grads = tape.gradient(loss, variables)
 
-                with tf.control_dependencies(opt.apply(grads, variables)):
+                with tf.control_dependencies(grads):
                     # An atomic fetch-and-increment: every update gets its own step
                     # number (assign_add followed by a read is two ops and races).
-                    new = tf.raw_ops.ResourceCountUpTo(resource=gstep.handle, limit=2**62, T=tf.int64) + 1
-                return tf.stack(
-                    [tf.cast(loss, tf.float64), tf.cast(read, tf.float64), tf.cast(new, tf.float64)]
+                    # At the limit it raises OutOfRangeError before applying: the
+                    # run ends at exactly `steps` updates, however many workers.
+                    new = tf.raw_ops.ResourceCountUpTo(resource=gstep.handle, limit=limit, T=tf.int64) + 1
+                with tf.control_dependencies([new]):
+                    applied = opt.apply(grads, variables)
+                with tf.control_dependencies(applied):
+                    new = tf.identity(new)
+                row = tf.stack(
+                    [tf.cast(k, tf.float64), tf.cast(loss, tf.float64), tf.cast(read, tf.float64), tf.cast(new, tf.float64)]
                 )
+                # the row stays on the worker until _flush_async reads the ring
+                return ring.scatter_nd_update([[k % RING]], [row])
 
         else:
 
@@ -585,6 +594,9 @@ class TrainingRun:
                 with client.gate.call(), tf.device(w.task.device):
                     w.fn()
             except Exception as exc:  # noqa: BLE001 - sorted out by _handle_error
+                if type(exc).__name__ == "OutOfRangeError" and "limit" in str(exc):
+                    self._stop.set()  # the global step reached `steps`: done
+                    break
                 self._flush_async(w, pending)
                 self._handle_error(w, exc)
                 continue
@@ -593,22 +605,38 @@ class TrainingRun:
             w.errors = 0
             with self._cond:
                 self._done_calls += 1
-                if self._done_calls >= self.steps - self._start_step:
-                    self._stop.set()
             if len(pending) >= FETCH_EVERY or time.monotonic() - last_flush > 0.1:
                 self._flush_async(w, pending)
                 last_flush = time.monotonic()
-        self._flush_async(w, pending)
+        self._flush_async(w, pending, final=True)
 
-    def _flush_async(self, w: _Worker, pending: list) -> None:
+    def _flush_async(self, w: _Worker, pending: list, final: bool = False) -> None:
+        """Turn the ring's new rows into records, paired with the calls in ``pending``.
+
+        A read can fail for a while after the cluster changed under the
+        connection (a restarted ps: "remote address ... poisoned"); the rows
+        stay in the ring, so the calls are kept and the next flush gets them
+        (the last flush of a run tries a few times).
+        """
         if not pending:
             return
-        try:
-            with client.gate.call():
-                rows = w.ring.numpy()
-        except Exception:  # noqa: BLE001 - the worker died with these numbers; the steps did happen
-            _clear_executor()
-            pending.clear()
+        rows = None
+        for attempt in range(5 if final else 1):
+            try:
+                with client.gate.call():
+                    rows = w.ring.numpy()
+                break
+            except Exception:  # noqa: BLE001 - see the docstring
+                _clear_executor()
+                if not self.cluster.procs[w.task].alive:
+                    break  # the worker died with these numbers; the steps did happen
+                if final:
+                    time.sleep(0.1)
+        if rows is None:
+            if final or not self.cluster.procs[w.task].alive:
+                pending.clear()
+            else:
+                del pending[:-RING]  # older rows are overwritten in the ring
             return
         fresh = sorted((r for r in rows if r[0] > w.seen_k), key=lambda r: r[0])
         if fresh:
@@ -789,11 +817,12 @@ class TrainingRun:
         step = self._step_now()
         if not force and step - max(self._last_checkpoint_step, self._start_step) < self.checkpoint_every:
             return
+        procs = self.cluster.procs
+        if not all(procs[t].alive for t in self._ps_tasks() if t in procs):
+            return
+        via = next((w.task.device for w in self._workers.values() if not w.lost and procs[w.task].alive), None)
         try:
-            with client.gate.call():
-                weights = [v.numpy() for v in self.variables]
-                slots = self.optimizer.state()
-                step = int(self.global_step.numpy())
+            weights, slots, step = self._snapshot(via)
         except Exception:  # noqa: BLE001 - a lost ps; reported by the step that sees it
             return
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
@@ -804,6 +833,27 @@ class TrainingRun:
         os.replace(tmp, path)
         self._last_checkpoint_step = step
         self.history.checkpoint = str(path)
+
+    def _snapshot(self, via: str | None):
+        """Copy weights, optimizer slots and the global step to the client.
+
+        The copy is made on a live worker (``via``), not read from the ps
+        directly: a worker's request to a ps that died fails at once, while
+        the client's own read of a dead ps waits, and would hang the run
+        instead of reporting the lost ps.
+        """
+        import tensorflow as tf
+
+        tensors = [*self.variables, *self.optimizer.slots, self.global_step]
+        with client.gate.call():
+            if via is None:
+                values = [t.numpy() for t in tensors]
+            else:
+                with tf.device(via):
+                    copies = [tf.identity(t) for t in tensors]
+                values = [c.numpy() for c in copies]
+        n = len(self.variables)
+        return values[:n], values[n:-1], int(values[-1])
 
     def weights(self) -> list[np.ndarray]:
         """The current weights, read from the ps tasks."""
