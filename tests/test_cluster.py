@@ -189,9 +189,9 @@ def test_port_taken_between_pick_and_bind_is_retried(monkeypatch):
     real_pick = launcher.pick_port
     calls = []
 
-    def pick():
+    def pick(proc=None):
         calls.append(1)
-        return taken if len(calls) == 1 else real_pick()
+        return taken if len(calls) == 1 else real_pick(proc)
 
     monkeypatch.setattr(launcher, "pick_port", pick)
     cluster = tfmagic.Cluster(ps=0, workers=1, launcher=launcher, spares=False)

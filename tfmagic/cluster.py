@@ -35,7 +35,6 @@ from .errors import BadClusterShape, ClusterStartError, NoCluster, TaskLost
 from .launchers.base import Launcher, TaskProcess, TaskState
 from .launchers.local import LocalLauncher
 from .pool import SparePool, default_pool
-from .procstats import cpu_percent, memory_of, uptime
 from .spec import ClusterDef, ClusterShape, TaskName
 from .status import ClusterStatus, TaskStatus
 
@@ -140,7 +139,7 @@ class Cluster:
         self.launcher = launcher or LocalLauncher()
         self.env = dict(env or {})
         self.worker_gpus = self._gpu_map(worker_gpus, workers)
-        self.use_spares = spares and os.environ.get("TFMAGIC_SPARES", "1") != "0"
+        self.use_spares = spares and self.launcher.spares and os.environ.get("TFMAGIC_SPARES", "1") != "0"
         self.pool = pool or default_pool()
         self.start_timeout = start_timeout
         self._log_dir = Path(log_dir) if log_dir else None
@@ -226,6 +225,7 @@ class Cluster:
 
     def _start_once(self, say: Progress, deadline: float) -> tuple[int, int]:
         tasks = self.shape.tasks()
+        hosts = self.launcher.hosts_for(len(tasks))
         taken = self.pool.take(self.launcher, len(tasks)) if self.use_spares else []
         warm = sum(1 for p in taken if p.warm_at is not None)
         procs: dict[TaskName, TaskProcess] = {}
@@ -235,24 +235,35 @@ class Cluster:
             wake.set()
 
         try:
+            fresh = []
             for task in tasks:
-                log = str(self.log_dir / f"{task.slug}.log")
                 if taken:
                     proc = taken.pop(0)
                     say(str(task), "spare", f"warm process {proc.pid}")
+                    proc.listeners.append(listener)
+                    procs[task] = proc
                 else:
-                    proc = self.launcher.spawn(log)
-                    say(str(task), "spawned", f"new process {proc.pid}, importing TensorFlow")
-                proc.listeners.append(listener)
-                procs[task] = proc
-            ports: set[int] = set()
+                    fresh.append(task)
+            if fresh:
+                spawned = self.launcher.spawn_many(
+                    [str(self.log_dir / f"{t.slug}.log") for t in fresh],
+                    [hosts[tasks.index(t)] for t in fresh],
+                )
+                for task, proc in zip(fresh, spawned):
+                    where = f" on {proc.host}" if self.launcher.remote else ""
+                    say(str(task), "spawned", f"new process {proc.pid}{where}, importing TensorFlow")
+                    proc.listeners.append(listener)
+                    procs[task] = proc
+            ports: dict[str, set[int]] = {}
             jobs: dict[str, list[str]] = {}
             for task in tasks:
-                port = self.launcher.pick_port()
-                while port in ports:
-                    port = self.launcher.pick_port()
-                ports.add(port)
-                jobs.setdefault(task.job, []).append(f"{self.launcher.host}:{port}")
+                proc = procs[task]
+                used = ports.setdefault(proc.host, set())
+                port = self.launcher.pick_port(proc)
+                while port in used:
+                    port = self.launcher.pick_port(proc)
+                used.add(port)
+                jobs.setdefault(task.job, []).append(f"{proc.host}:{port}")
             defn = ClusterDef.from_mapping(jobs)
             cluster = defn.as_dict()
             assigned: set[TaskName] = set()
@@ -265,7 +276,7 @@ class Cluster:
                             task,
                             cluster,
                             env=self.task_env(task),
-                            log=str(self.log_dir / f"{task.slug}.log"),
+                            log=self.launcher.task_log(str(self.log_dir / f"{task.slug}.log")),
                             cpu_only=task.job == "ps",
                             threads=_threads_for(task.job, len(tasks)),
                             collective=self.collective,
@@ -346,7 +357,10 @@ class Cluster:
         self, task: TaskName, proc: TaskProcess, what: str, timed_out: bool = False
     ) -> ClusterStartError:
         tail = proc.log_tail(15)
-        msg = f"{task} (pid {proc.pid}) {what}. The tasks started so far were stopped."
+        msg = f"{task} (pid {proc.task_pid}) {what}. The tasks started so far were stopped."
+        hint = self.launcher.diagnose(proc, tail)
+        if hint:
+            msg += f" To fix: {hint}."
         if timed_out:
             msg += f" Allow more time with start_timeout= (now {self.start_timeout:g} s)."
         msg += f" Its log: {proc.log_path}"
@@ -483,7 +497,7 @@ class Cluster:
         taken = self.pool.take(self.launcher, 1) if self.use_spares else []
         warm = bool(taken and taken[0].warm_at)
         for attempt in range(1, 30):  # noqa: B007 - reported in the outcome
-            proc = taken.pop() if taken else self.launcher.spawn(log)
+            proc = taken.pop() if taken else self.launcher.spawn(log, old.destination or old.host)
             if not proc.wait_for(
                 lambda p=proc: p.state is not TaskState.IMPORTING, deadline - time.monotonic()
             ):
@@ -494,7 +508,7 @@ class Cluster:
                     t,
                     defn.as_dict(),
                     env=self.task_env(t),
-                    log=log,
+                    log=self.launcher.task_log(log),
                     cpu_only=t.job == "ps",
                     threads=_threads_for(t.job, len(self.procs)),
                     collective=self.collective,
@@ -531,20 +545,21 @@ class Cluster:
 
     def _row(self, label: str, address: str, proc: TaskProcess) -> TaskStatus:
         alive = proc.alive
-        mem = memory_of(proc.pid) if alive else None
+        stats = self.launcher.stats(proc) if alive else None
+        stats = stats or {}
         state = str(proc.state)
         if not alive:
             state = f"exited ({proc.exit_code})"
         return TaskStatus(
             task=label,
             address=address,
-            pid=proc.pid,
+            pid=proc.task_pid,
             state=state,
-            cpu_percent=cpu_percent(proc.pid) if alive else None,
-            pss=mem["pss"] if mem else None,
-            rss=mem["rss"] if mem else None,
-            uptime_s=uptime(proc.pid) if alive else None,
-            host=proc.host,
+            cpu_percent=stats.get("cpu_percent"),
+            pss=stats.get("pss"),
+            rss=stats.get("rss"),
+            uptime_s=stats.get("uptime_s"),
+            host=f"{self.launcher.name}:{proc.task_hostname or proc.host}",
         )
 
     def status(self) -> ClusterStatus:

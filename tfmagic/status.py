@@ -31,6 +31,7 @@ class TaskStatus:
         return [
             self.task,
             self.address,
+            self.host,
             str(self.pid) if self.pid else "-",
             self.state,
             "-" if self.cpu_percent is None else f"{self.cpu_percent:.0f}%",
@@ -41,7 +42,7 @@ class TaskStatus:
         ]
 
 
-HEADERS = ["task", "address", "pid", "state", "CPU", "PSS", "RSS", "uptime", "note"]
+HEADERS = ["task", "address", "host", "pid", "state", "CPU", "PSS", "RSS", "uptime", "note"]
 
 
 @dataclass

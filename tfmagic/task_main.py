@@ -147,6 +147,32 @@ class TaskRuntime:
         print(f"tfmagic: running at 1/{factor:g} speed" if factor > 1 else "tfmagic: full speed", flush=True)
         self.send("slowed", id=msg.get("id"), factor=factor)
 
+    def urgent_free_port(self, msg: dict[str, Any]) -> None:
+        """A port free on this task's host (remote launchers cannot look themselves)."""
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((msg.get("host") or "", 0))
+            port = s.getsockname()[1]
+        self.send("free_port", id=msg.get("id"), port=port)
+
+    def urgent_stats(self, msg: dict[str, Any]) -> None:
+        """CPU %, memory (PSS beside RSS) and uptime of this process, for a remote owner."""
+        from .procstats import cpu_percent, memory_of, uptime
+
+        pid = os.getpid()
+        mem = memory_of(pid) or {}
+        self.send(
+            "stats",
+            id=msg.get("id"),
+            cpu_percent=cpu_percent(pid),
+            pss=mem.get("pss"),
+            rss=mem.get("rss"),
+            uptime_s=uptime(pid),
+        )
+
+    def urgent_crash(self, msg: dict[str, Any]) -> None:
+        """End now, as a crash would (``cluster.kill`` of a task this owner cannot signal)."""
+        self.die("killed on purpose by the owner (a crash, injected)", code=-9)
+
     def urgent_interrupt(self, msg: dict[str, Any]) -> None:
         """Raise KeyboardInterrupt in the running cell (if it is still that cell)."""
         if self.current_exec is not None and msg.get("exec_id") in (None, self.current_exec):
@@ -331,7 +357,14 @@ class TaskRuntime:
     def run(self) -> None:
         threading.Thread(target=self._read_ops, name="tfmagic-ops", daemon=True).start()
         threading.Thread(target=self._watch_parent, name="tfmagic-parent", daemon=True).start()
-        self.send(protocol.HELLO, pid=os.getpid(), host=socket.gethostname(), python=sys.version.split()[0])
+        self.send(
+            protocol.HELLO,
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            python=sys.version.split()[0],
+            bind_host=os.environ.get("TFMAGIC_BIND_HOST"),
+            guard_failed=os.environ.get("TFMAGIC_GUARD_FAILED"),
+        )
         t0 = time.monotonic()
         try:
             import tensorflow as tf
@@ -496,7 +529,31 @@ def _quiet_queue_runner_shutdown(args) -> None:
     threading.__excepthook__(args)
 
 
+def _guard_self() -> None:
+    """Keep this task's servers on one address, on whatever host it runs.
+
+    A remote launcher cannot hand the task a preload library built on the
+    owner's machine (another host may have another libc), so it sets
+    ``TFMAGIC_GUARD_HOST`` and the task builds the library on its own host and
+    re-executes itself with it, before TensorFlow is imported (``exec`` keeps
+    the pid and the owner's channel).  When that is not possible here the
+    reason travels in the ``hello`` event and the owner tells the user.
+    """
+    host = os.environ.get("TFMAGIC_GUARD_HOST")
+    if not host or os.environ.get("TFMAGIC_BIND_HOST"):
+        return
+    from .loopback import bind_guard
+
+    guard = bind_guard(host)
+    if not guard.available:
+        os.environ["TFMAGIC_GUARD_FAILED"] = guard.reason
+        return
+    sys.stdout.flush()
+    os.execve(sys.executable, [sys.executable, "-u", "-m", "tfmagic.task_main"], {**os.environ, **guard.env})
+
+
 def main() -> None:
+    _guard_self()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.excepthook = _quiet_queue_runner_shutdown
     TaskRuntime().run()

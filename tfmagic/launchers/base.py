@@ -49,6 +49,14 @@ class TaskProcess:
         self.launcher = launcher
         self.pid = pid
         self.host = host
+        #: The address its server binds to when it must be one interface only ("" = any).
+        self.bind_host: str | None = None
+        #: The pid on the task's own host (differs from ``pid`` for remote launchers).
+        self.task_pid: int = pid
+        self.task_hostname: str | None = None
+        #: How the launcher reaches the task's host (an SSH destination, a Spark executor).
+        self.destination: str | None = None
+        self.guard_failed: str | None = None
         self.log_path = log_path
         self.spawned_at = time.time()
         self.warm_at: float | None = None
@@ -93,7 +101,13 @@ class TaskProcess:
         event = msg.get("event")
         with self._cond:
             self.recent_events.append(msg)
-            if event == protocol.WARM:
+            if event == protocol.HELLO:
+                self.task_pid = msg.get("pid") or self.pid
+                self.task_hostname = msg.get("host")
+                self.guard_failed = msg.get("guard_failed")
+                if msg.get("bind_host"):
+                    self.bind_host = msg["bind_host"]
+            elif event == protocol.WARM:
                 self.warm_at = time.time()
                 self.import_s = msg.get("import_s")
                 self.tf_version = msg.get("tf_version")
@@ -179,21 +193,40 @@ class TaskProcess:
 class Launcher:
     """How task processes are started, killed and read on one kind of host.
 
-    Subclasses implement :meth:`spawn`, :meth:`kill`, :meth:`wait_exit`,
-    :meth:`read_log` and :meth:`pick_port`.  ``signature`` says which spare
-    processes are interchangeable: a spare made by a launcher with another
-    signature (other environment, other host) is never given a role here.
+    Subclasses implement :meth:`spawn`, :meth:`kill`, :meth:`wait_exit` and
+    :meth:`read_log`; the rest has defaults for processes on this machine.
+    ``signature`` says which spare processes are interchangeable: a spare made
+    by a launcher with another signature (other environment, other host) is
+    never given a role here.
+
+    A *remote* launcher (SSH, Spark) runs tasks where this process cannot see
+    their pids: it picks ports, measures and kills through the task's own
+    channel (:meth:`pick_port`, :meth:`stats`, :meth:`kill` ask the task), and
+    the task's log streams back over that channel instead of being a file the
+    task writes (:meth:`task_log` is ``None``).
     """
 
     name = "base"
     host = "127.0.0.1"
+    #: Tasks run where their pid means nothing here.
+    remote = False
+    #: Warm spare processes (see :mod:`tfmagic.pool`) make sense for this launcher.
+    spares = True
 
     @property
     def signature(self) -> tuple:
         return (self.name, self.host)
 
-    def spawn(self, log_path: str) -> TaskProcess:  # pragma: no cover - interface
+    def hosts_for(self, count: int) -> list[str]:
+        """Where each of ``count`` tasks goes (the host part of its address)."""
+        return [self.host] * count
+
+    def spawn(self, log_path: str, host: str | None = None) -> TaskProcess:  # pragma: no cover
         raise NotImplementedError
+
+    def spawn_many(self, log_paths: list[str], hosts: list[str]) -> list[TaskProcess]:
+        """Start one process per log path, on the given hosts (Spark starts them as one job)."""
+        return [self.spawn(log, host) for log, host in zip(log_paths, hosts)]
 
     def kill(self, proc: TaskProcess) -> None:  # pragma: no cover - interface
         raise NotImplementedError
@@ -204,8 +237,44 @@ class Launcher:
     def read_log(self, proc: TaskProcess, tail: int | None = None) -> str:  # pragma: no cover
         raise NotImplementedError
 
-    def pick_port(self) -> int:  # pragma: no cover - interface
-        raise NotImplementedError
+    def pick_port(self, proc: TaskProcess | None = None) -> int:
+        """A free port for ``proc``'s server, on its host; the task answers for remote launchers."""
+        if proc is None or not self.remote:
+            from .local import free_port
+
+            return free_port(self.host)
+        return int(proc.request("free_port", timeout=30.0, host=proc.bind_host or "")["port"])
+
+    def task_log(self, log_path: str) -> str | None:
+        """The log file the task itself writes (``None``: its stderr comes back to us)."""
+        return None if self.remote else log_path
+
+    def stats(self, proc: TaskProcess) -> dict[str, Any] | None:
+        """``{"cpu_percent", "pss", "rss", "uptime_s"}`` of a live task, or ``None``."""
+        if not proc.alive:
+            return None
+        if self.remote:
+            try:
+                reply = proc.request("stats", timeout=3.0)
+            except (TimeoutError, ProcessLookupError):
+                return None
+            return {k: reply.get(k) for k in ("cpu_percent", "pss", "rss", "uptime_s")}
+        from ..procstats import cpu_percent, memory_of, uptime
+
+        mem = memory_of(proc.pid) or {}
+        return {
+            "cpu_percent": cpu_percent(proc.pid),
+            "pss": mem.get("pss"),
+            "rss": mem.get("rss"),
+            "uptime_s": uptime(proc.pid),
+        }
+
+    def diagnose(self, proc: TaskProcess, log_tail: str) -> str:
+        """What the user should do about a task that did not come up ("" if nothing to add)."""
+        return ""
+
+    def close(self) -> None:
+        """End anything the launcher itself holds (tunnels, a Spark job); tasks are killed apart."""
 
     def security_note(self) -> str:
         return ""

@@ -116,7 +116,7 @@ class LocalLauncher(Launcher):
                 env[key] = value
         return env
 
-    def spawn(self, log_path: str) -> TaskProcess:
+    def spawn(self, log_path: str, host: str | None = None) -> TaskProcess:
         log = open(log_path, "ab")  # noqa: SIM115 - handed to the child
         try:
             popen = subprocess.Popen(
@@ -174,9 +174,6 @@ class LocalLauncher(Launcher):
 
     def read_log(self, proc: TaskProcess, tail: int | None = None) -> str:
         return read_tail(proc.log_path, tail)
-
-    def pick_port(self) -> int:
-        return free_port(self.host)
 
     def security_note(self) -> str:
         if self.loopback_only:

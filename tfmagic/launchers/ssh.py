@@ -1,0 +1,278 @@
+"""Task processes on other hosts, reached with the user's own ``ssh``.
+
+Each task is one ``ssh HOST exec python -u -m tfmagic.task_main`` whose
+standard input and output are the task's control channel
+(:mod:`tfmagic.protocol`), exactly as for a local task, and whose standard
+error is the task's log, written to a file on *this* machine (so
+``cluster.logs("worker:1")`` is one call away for remote tasks too).
+
+Why the OpenSSH client and not a library: it is what the user's keys, agent,
+``~/.ssh/config`` (aliases, ``ProxyJump``, ports) and known-hosts checks are
+set up for.  ``BatchMode=yes`` makes a missing key fail at once instead of
+waiting for a password prompt nobody can answer from a kernel.
+
+No orphans on any host: the task is *tied* to its SSH session.  When the
+owner goes away (``stop``, unload, ``kill -9`` of the kernel) the local
+``ssh`` loses its standard input or dies, sshd closes the session, the task
+reads end-of-file on its channel and ends itself and its process group (see
+:mod:`tfmagic.task_main`).  A detached ``nohup`` launch would leave orphans.
+
+Security: a TensorFlow server runs any graph anyone sends it.  By default each
+remote task is kept (by the bind library, built on its own host) on the one
+address its spec names, which other hosts must reach; anyone who can reach
+that address can still use it.  ``tunnel=True`` keeps every server on its
+host's loopback and carries all traffic through SSH tunnels via this
+machine: only users of the hosts themselves can reach the servers then.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+
+from ..errors import ClusterStartError
+from .base import Launcher, TaskProcess
+from .local import TASK_ENV, read_tail
+
+#: Options every connection gets; the user's own config still applies for the rest.
+SSH_OPTIONS = (
+    "-T",
+    "-o",
+    "BatchMode=yes",
+    "-o",
+    "ServerAliveInterval=5",
+    "-o",
+    "ServerAliveCountMax=3",
+)
+
+
+def resolve(destination: str, ssh: Sequence[str]) -> tuple[str, str]:
+    """``(hostname, port)`` that ``ssh destination`` really reaches, per the user's config.
+
+    ``ssh -G`` prints the configuration after aliases and ``Match`` blocks are
+    applied, without connecting.
+    """
+    try:
+        out = subprocess.run(
+            [*ssh, "-G", destination], capture_output=True, text=True, timeout=15, stdin=subprocess.DEVNULL
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ClusterStartError(f"could not run ssh to resolve {destination!r}: {exc}") from None
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ClusterStartError(f"ssh does not understand the host {destination!r}: {last}")
+    found = {}
+    for line in out.stdout.splitlines():
+        key, _, value = line.partition(" ")
+        found.setdefault(key.lower(), value.strip())
+    return found.get("hostname", destination), found.get("port", "22")
+
+
+class SSHLauncher(Launcher):
+    """Starts task processes on SSH hosts; tasks are placed round-robin over ``hosts``.
+
+    Parameters
+    ----------
+    hosts:
+        SSH destinations as your ``ssh`` understands them (``node1``,
+        ``user@10.0.0.2``, an alias from ``~/.ssh/config``).  The address in
+        the cluster spec is the host name your config resolves it to, which
+        the other hosts and this machine must be able to reach.
+    python:
+        The Python on the hosts that has TensorFlow and tfmagic installed.
+    ssh_config:
+        An ``ssh -F`` config file instead of ``~/.ssh/config``.
+    ssh_options:
+        More ``ssh`` arguments, e.g. ``["-i", "~/.ssh/lab_key"]``.
+    env:
+        Extra environment for every task.
+    guard:
+        Keep each server on its spec address only (built on each host; needs
+        a C compiler there, else you are told).
+    tunnel:
+        Keep each server on its host's loopback and reach it through SSH
+        tunnels via this machine (see the module docstring).
+
+    >>> launcher = SSHLauncher(["node1", "node2"], python="/opt/venv/bin/python")  # doctest: +SKIP
+    >>> cluster = tfmagic.Cluster(ps=1, workers=2, launcher=launcher)              # doctest: +SKIP
+    """
+
+    name = "ssh"
+    remote = True
+    spares = False
+
+    def __init__(
+        self,
+        hosts: Sequence[str] | str,
+        *,
+        python: str = "python3",
+        ssh_config: str | os.PathLike | None = None,
+        ssh_options: Sequence[str] = (),
+        env: dict[str, str | None] | None = None,
+        guard: bool = True,
+        tunnel: bool = False,
+        ssh: str = "ssh",
+    ) -> None:
+        if isinstance(hosts, str):
+            hosts = [h for h in hosts.split(",")]
+        self.destinations = [h.strip() for h in hosts if h.strip()]
+        if not self.destinations:
+            raise ValueError("give at least one SSH host, e.g. hosts=['node1', 'node2']")
+        exe = shutil.which(ssh)
+        if exe is None:
+            raise ClusterStartError(f"the ssh client ({ssh!r}) is not installed here; install openssh-client")
+        self.ssh = [exe, *(["-F", os.fspath(ssh_config)] if ssh_config else []), *ssh_options]
+        self.python = python
+        self.extra_env = dict(env or {})
+        self.guard = guard
+        self.tunnel = tunnel
+        self.addresses: dict[str, str] = {}
+        for dest in self.destinations:
+            hostname, _port = resolve(dest, self.ssh)
+            self.addresses[dest] = hostname
+        self._procs: dict[int, subprocess.Popen] = {}
+        self._dest_of: dict[int, str] = {}
+        self._lock = threading.Lock()
+        self._next = 0
+
+    # -- placement -------------------------------------------------------------
+    @property
+    def host(self) -> str:  # type: ignore[override]
+        return self.addresses[self.destinations[0]]
+
+    @property
+    def signature(self) -> tuple:
+        return (self.name, tuple(self.destinations), self.python, self.tunnel)
+
+    def hosts_for(self, count: int) -> list[str]:
+        return [self.destinations[i % len(self.destinations)] for i in range(count)]
+
+    def destination(self, proc: TaskProcess) -> str:
+        return self._dest_of[proc.pid]
+
+    # -- processes ---------------------------------------------------------------
+    def remote_command(self, address: str) -> str:
+        """The shell command run on the host: exec, so the task *is* the session's process."""
+        changes: dict[str, str | None] = dict(TASK_ENV)
+        changes.update(self.extra_env)
+        if self.guard:
+            changes["TFMAGIC_GUARD_HOST"] = "127.0.0.1" if self.tunnel else address
+        unset = [f"-u {shlex.quote(k)}" for k, v in changes.items() if v is None]
+        sets = [shlex.quote(f"{k}={v}") for k, v in changes.items() if v is not None]
+        return " ".join(
+            ["exec", "env", *unset, *sets, shlex.quote(self.python), "-u", "-m", "tfmagic.task_main"]
+        )
+
+    def spawn(self, log_path: str, host: str | None = None) -> TaskProcess:
+        dest = host if host in self.addresses else None
+        if dest is None:  # an address given back (a restart): find its destination
+            dest = next((d for d, a in self.addresses.items() if a == host), None)
+        if dest is None:
+            with self._lock:
+                dest = self.destinations[self._next % len(self.destinations)]
+                self._next += 1
+        address = self.addresses[dest]
+        log = open(log_path, "ab")  # noqa: SIM115 - handed to the child
+        try:
+            log.write(f"tfmagic: ssh {dest} ({address}): starting a task process\n".encode())
+            log.flush()
+            popen = subprocess.Popen(
+                [*self.ssh, *SSH_OPTIONS, dest, self.remote_command(address)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                start_new_session=True,
+                close_fds=True,
+            )
+        finally:
+            log.close()
+        with self._lock:
+            self._procs[popen.pid] = popen
+            self._dest_of[popen.pid] = dest
+        proc = TaskProcess(
+            launcher=self,
+            pid=popen.pid,
+            host="127.0.0.1" if self.tunnel else address,
+            to_task=popen.stdin,
+            from_task=popen.stdout,
+            log_path=log_path,
+        )
+        proc.destination = dest
+        return proc
+
+    def kill(self, proc: TaskProcess) -> None:
+        """Ask the task to end at once (it kills its own group), then end the session."""
+        popen = self._procs.get(proc.pid)
+        if popen is None or popen.poll() is not None:
+            return
+        proc.send("crash")
+        try:
+            popen.wait(timeout=3)
+        except subprocess.TimeoutExpired:
+            pass  # the task did not answer: closing the session ends it (end of its channel)
+        if popen.poll() is None:
+            try:
+                os.killpg(popen.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                popen.kill()
+            try:
+                popen.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # pragma: no cover
+                pass
+
+    def wait_exit(self, proc: TaskProcess) -> int | None:
+        popen = self._procs.get(proc.pid)
+        if popen is None:
+            return None
+        code = popen.wait()
+        for stream in (popen.stdin, popen.stdout):
+            try:
+                stream.close()
+            except (OSError, ValueError, BrokenPipeError):
+                pass
+        with self._lock:
+            self._procs.pop(proc.pid, None)
+        return code
+
+    def read_log(self, proc: TaskProcess, tail: int | None = None) -> str:
+        return read_tail(proc.log_path, tail)
+
+    def diagnose(self, proc: TaskProcess, log_tail: str) -> str:
+        """What to do about a task that did not come up, from its exit code and log."""
+        dest = self._dest_of.get(proc.pid, "the host")
+        if "No module named" in log_tail and "tfmagic" in log_tail:
+            return f"install tfmagic on {dest} for {self.python} (pip install tfmagic), or pass python=/its/python"
+        if "not found" in log_tail and self.python in log_tail:
+            return f"{self.python} is not on {dest}; pass python= (--python) with the Python that has TensorFlow"
+        if proc.exit_code == 255 or "Permission denied" in log_tail or "Host key verification" in log_tail:
+            return f"check that `ssh {dest} true` works here without a password prompt (keys, agent, known_hosts)"
+        return ""
+
+    # -- security ------------------------------------------------------------------
+    def security_note(self) -> str:
+        hosts = ", ".join(self.destinations)
+        if self.tunnel:
+            return (
+                f"task servers on {hosts} listen on each host's loopback only and are reached through "
+                "SSH tunnels via this machine; anyone logged in on those hosts can still run graphs in them"
+            )
+        where = "their spec address only" if self.guard else "EVERY network interface"
+        return (
+            f"task servers on {hosts} listen on {where} and run any TensorFlow graph anyone who can "
+            "reach them sends; on a network you do not trust, use tunnel=True (--tunnel)"
+        )
+
+
+def _wait_until(predicate, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
