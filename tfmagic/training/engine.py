@@ -48,6 +48,8 @@ MODES = ("sync", "async")
 #: out of a ring buffer of RING rows kept on the worker
 FETCH_EVERY = 8
 RING = 64
+#: async: the step number in the ring of a call that came after the last update (nothing applied)
+SKIPPED = 0
 
 
 @contextlib.contextmanager
@@ -427,18 +429,21 @@ class TrainingRun:
                 with tf.control_dependencies(grads):
                     # An atomic fetch-and-increment: every update gets its own step
                     # number (assign_add followed by a read is two ops and races).
-                    # At the limit it raises OutOfRangeError before applying: the
-                    # run ends at exactly `steps` updates, however many workers.
-                    new = tf.raw_ops.ResourceCountUpTo(resource=gstep.handle, limit=limit, T=tf.int64) + 1
-                with tf.control_dependencies([new]):
-                    applied = opt.apply(grads, variables)
-                with tf.control_dependencies(applied):
-                    new = tf.identity(new)
+                    new = tf.raw_ops.ResourceCountUpTo(resource=gstep.handle, limit=2**62, T=tf.int64) + 1
+
+                # Past `steps` (other workers took the last numbers while this one
+                # computed) nothing is applied: the run has exactly `steps` updates.
+                # A mask, not tf.cond: a cond's branch functions fail to be removed
+                # from the remote tasks later, and that error lands on another call.
+                active = new <= limit
+                with tf.control_dependencies(opt.apply(grads, variables, active)):
+                    new = tf.where(active, new, tf.constant(SKIPPED, tf.int64))
                 row = tf.stack(
                     [tf.cast(k, tf.float64), tf.cast(loss, tf.float64), tf.cast(read, tf.float64), tf.cast(new, tf.float64)]
                 )
                 # the row stays on the worker until _flush_async reads the ring
-                return ring.scatter_nd_update([[k % RING]], [row])
+                ring.scatter_nd_update([[k % RING]], [row])
+                return new
 
         else:
 
@@ -594,9 +599,6 @@ class TrainingRun:
                 with client.gate.call(), tf.device(w.task.device):
                     w.fn()
             except Exception as exc:  # noqa: BLE001 - sorted out by _handle_error
-                if type(exc).__name__ == "OutOfRangeError" and "limit" in str(exc):
-                    self._stop.set()  # the global step reached `steps`: done
-                    break
                 self._flush_async(w, pending)
                 self._handle_error(w, exc)
                 continue
@@ -605,6 +607,9 @@ class TrainingRun:
             w.errors = 0
             with self._cond:
                 self._done_calls += 1
+                # every call took a step number (or came after the last one)
+                if self._done_calls >= self.steps - self._start_step:
+                    self._stop.set()
             if len(pending) >= FETCH_EVERY or time.monotonic() - last_flush > 0.1:
                 self._flush_async(w, pending)
                 last_flush = time.monotonic()
@@ -646,6 +651,9 @@ class TrainingRun:
         for (t0, t1, _), (k, loss, read, new) in zip(pending[-len(fresh):] if fresh else [], fresh):
             local = int(k)
             new = int(new)
+            if new == SKIPPED:  # came after the last update: nothing was applied
+                self._stop.set()
+                continue
             self.history.add_step(
                 StepRecord(
                     str(w.task),

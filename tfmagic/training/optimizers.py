@@ -36,23 +36,34 @@ class Optimizer:
                 init = self.initial_accumulator if self.name == "adagrad" else 0.0
                 self.slots.append(tf.Variable(tf.fill(v.shape, init), trainable=False))
 
-    def apply(self, grads, variables) -> list:
-        """Update ``variables`` in place (inside a tf.function); returns the update ops."""
+    def apply(self, grads, variables, active=None) -> list:
+        """Update ``variables`` in place (inside a tf.function); returns the update ops.
+
+        ``active`` (a boolean scalar tensor) turns the update into an exact
+        no-op when false, without control flow: an async step that came
+        after the last update still runs its ops but changes nothing.
+        """
         import tensorflow as tf
 
         lr = tf.constant(self.lr)
         updates = []
         for i, (g, v) in enumerate(zip(grads, variables)):
+            on = None if active is None else tf.cast(active, g.dtype)
             if self.name == "sgd":
-                updates.append(v.assign_sub(lr * g))
+                step = lr * g
+                updates.append(v.assign_sub(step if on is None else step * on))
             elif self.name == "momentum":
                 m = self.slots[i]
-                new_m = m.assign(self.momentum * m + g)
-                updates.append(v.assign_sub(lr * new_m))
+                new_m = self.momentum * m + g
+                new_m = m.assign(new_m if active is None else tf.where(active, new_m, m))
+                step = lr * new_m
+                updates.append(v.assign_sub(step if on is None else step * on))
             else:
                 acc = self.slots[i]
-                new_acc = acc.assign_add(g * g)
-                updates.append(v.assign_sub(lr * g / tf.sqrt(new_acc)))
+                g2 = g * g
+                new_acc = acc.assign_add(g2 if on is None else g2 * on)
+                step = lr * g / tf.sqrt(new_acc)
+                updates.append(v.assign_sub(step if on is None else step * on))
         return updates
 
     def state(self) -> list:
