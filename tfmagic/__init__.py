@@ -22,6 +22,10 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "Cluster": "cluster",
     "LocalCluster": "cluster",
+    "SSHCluster": "cluster",
+    "AttachedCluster": "attach",
+    "attach": "attach",
+    "NotOwned": "errors",
     "StartOutcome": "cluster",
     "current_cluster": "cluster",
     "BadClusterShape": "errors",
@@ -60,6 +64,8 @@ def __getattr__(name: str):
             "cluster",
             "training",
             "metrics",
+            "export",
+            "attach",
         ):
             import importlib
 
@@ -82,6 +88,10 @@ __all__ = [
     "ClusterStartError",
     "LocalCluster",
     "NoCluster",
+    "NotOwned",
+    "SSHCluster",
+    "AttachedCluster",
+    "attach",
     "StartOutcome",
     "TaskLost",
     "TaskName",

@@ -117,15 +117,22 @@ def _install_quiet_hook() -> None:
         sys.unraisablehook = _quiet_stale_handles
 
 
-def connect(owner_id: int, defn: ClusterDef, *, force: bool = False) -> bool:
+def connect(
+    owner_id: int, defn: ClusterDef, *, force: bool = False, client_address: str | None = None
+) -> bool:
     """Make this process a client of the cluster; returns whether it (re)connected.
 
     Connecting again to the same cluster is a no-op unless ``force`` (used
     after a task restart).  The client joins as job ``localhost``, outside the
     cluster's own spec, and keeps its own CPU as the default device.
+
+    ``client_address`` is where the tasks reach this process (they pull
+    tensors the client made from it).  TensorFlow's default,
+    ``localhost:<port>``, only works when every task shares this machine's
+    loopback; remote launchers give an address the tasks can reach.
     """
     global _connected, _generation
-    key = (owner_id, _frozen(defn))
+    key = (owner_id, _frozen(defn), client_address)
     with _lock:
         if _connected == key and not force:
             return False
@@ -137,8 +144,16 @@ def connect(owner_id: int, defn: ClusterDef, *, force: bool = False) -> bool:
         # A call to a dead task should fail at once (the engine then knows the
         # task is lost), not wait for it to come back.
         os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
+        target = resolver(defn)
+        if client_address:
+            jobs = {**defn.as_dict(), "localhost": [client_address]}
+            target = tf.distribute.cluster_resolver.SimpleClusterResolver(
+                tf.train.ClusterSpec(jobs), rpc_layer="grpc"
+            )
         with gate.exclusive():
-            tf.config.experimental_connect_to_cluster(resolver(defn), make_master_device_default=False)
+            tf.config.experimental_connect_to_cluster(
+                target, job_name="localhost", make_master_device_default=False
+            )
         _connected = key
         _generation += 1
         return True

@@ -259,9 +259,14 @@ class Cluster:
             for task in tasks:
                 proc = procs[task]
                 used = ports.setdefault(proc.host, set())
-                port = self.launcher.pick_port(proc)
-                while port in used:
-                    port = self.launcher.pick_port(proc)
+                port = None
+                while port is None or port in used:
+                    try:
+                        port = self.launcher.pick_port(proc)
+                    except (ProcessLookupError, TimeoutError) as exc:
+                        if not proc.join(5):  # its exit code, for the message
+                            raise self._failure(task, proc, f"did not answer when asked for a free port ({exc})")
+                        raise self._failure(task, proc, f"its process ended before it could start (exit code {proc.exit_code})")
                 used.add(port)
                 jobs.setdefault(task.job, []).append(f"{proc.host}:{port}")
             defn = ClusterDef.from_mapping(jobs)
@@ -421,7 +426,8 @@ class Cluster:
 
     def connect(self, force: bool = False) -> Cluster:
         """Make this process a client of the cluster (remote devices usable)."""
-        client.connect(self.id, self._need_running(), force=force)
+        defn = self._need_running()
+        client.connect(self.id, defn, force=force, client_address=self.launcher.client_address(defn))
         return self
 
     def check_task(self, task: str | TaskName) -> TaskName:
@@ -529,7 +535,7 @@ class Cluster:
         self._watch(t, proc)
         self.slowness.pop(t, None)
         if client.is_connected(self.id):
-            client.connect(self.id, defn, force=True)
+            client.connect(self.id, defn, force=True, client_address=self.launcher.client_address(defn))
         self.emit("restart", t, f"process {proc.pid}" + (" (warm spare)" if warm else ""))
         if self.use_spares:
             self.pool.fill_later(self.launcher, self.shape.size)
@@ -559,7 +565,7 @@ class Cluster:
             pss=stats.get("pss"),
             rss=stats.get("rss"),
             uptime_s=stats.get("uptime_s"),
-            host=f"{self.launcher.name}:{proc.task_hostname or proc.host}",
+            host=f"{self.launcher.name}:{proc.destination or proc.task_hostname or proc.host}",
         )
 
     def status(self) -> ClusterStatus:
@@ -602,3 +608,28 @@ class LocalCluster(Cluster):
         if "launcher" not in kwargs or kwargs["launcher"] is None:
             kwargs["launcher"] = LocalLauncher(loopback_only=loopback_only)
         super().__init__(ps, workers, **kwargs)
+
+
+def SSHCluster(  # noqa: N802 - reads as a class, like dask's SSHCluster
+    hosts: Sequence[str] | str,
+    ps: int = 1,
+    workers: int = 2,
+    *,
+    python: str = "python3",
+    ssh_config: str | os.PathLike | None = None,
+    ssh_options: Sequence[str] = (),
+    tunnel: bool = False,
+    guard: bool = True,
+    **kwargs,
+) -> Cluster:
+    """A cluster whose tasks run on SSH hosts, placed round-robin (see :mod:`tfmagic.launchers.ssh`).
+
+    >>> cluster = SSHCluster(["node1", "node2"], ps=1, workers=2, python="/opt/venv/bin/python")  # doctest: +SKIP
+    >>> cluster.start()                                                                            # doctest: +SKIP
+    """
+    from .launchers.ssh import SSHLauncher
+
+    launcher = SSHLauncher(
+        hosts, python=python, ssh_config=ssh_config, ssh_options=ssh_options, tunnel=tunnel, guard=guard
+    )
+    return Cluster(ps, workers, launcher=launcher, **kwargs)

@@ -47,3 +47,11 @@ class ClusterStartError(TfmagicError):
 
 class TaskLost(TfmagicError):
     """A task process ended while something depended on it."""
+
+
+class ExportError(TfmagicError, ValueError):
+    """Options that cannot make a Slurm script or Kubernetes manifests (``tfmagic.export``)."""
+
+
+class NotOwned(TfmagicError):
+    """An action on a task that tfmagic did not start (an attached cluster)."""

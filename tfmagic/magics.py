@@ -19,13 +19,28 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import display
 
 from . import owner
-from .cluster import LocalCluster, current_cluster, set_current
+from .cluster import LocalCluster, SSHCluster, current_cluster, set_current
 from .errors import ClusterStartError, TfmagicError
 from .pool import default_pool, parse_bytes
 from .procstats import human_bytes, human_seconds, memory_of
 from .spec import ClusterShape, TaskName
 
-ACTIONS = ("start", "stop", "status", "logs", "spec", "spares", "slow", "kill", "restart")
+ACTIONS = ("start", "stop", "status", "logs", "spec", "spares", "slow", "kill", "restart", "attach", "export")
+BACKENDS = ("local", "ssh", "spark")
+
+
+def _placement(cluster) -> tuple:
+    """(backend, hosts, master) of a cluster, to tell whether a start asks for the same one."""
+    launcher = cluster.launcher
+    return (launcher.name, tuple(getattr(launcher, "destinations", ())), getattr(launcher, "master", None))
+
+
+def _describe(cluster) -> str:
+    backend, hosts, master = _placement(cluster)
+    where = {"ssh": f" over ssh on {','.join(hosts)}", "spark": f" on Spark {master}"}.get(backend, "")
+    if backend == "attached":
+        where = ", attached"
+    return f"{cluster.shape.describe()}{where}"
 
 
 def _count(text: str) -> int:
@@ -91,12 +106,34 @@ class TfMagics(Magics):
 
     # -- %tf_cluster -------------------------------------------------------
     @magic_arguments()
-    @argument("action", nargs="?", default="status", help="start | stop | status | logs | spec | spares")
+    @argument(
+        "action",
+        nargs="?",
+        default="status",
+        help="start | stop | status | logs | spec | spares | slow | kill | restart | attach | export",
+    )
     @argument(
         "task",
         nargs="?",
-        help="for logs: the task, e.g. worker:1; for spares: a memory budget such as 2GB, off or auto",
+        help="for logs/slow/kill/restart: the task, e.g. worker:1; for spares: a memory budget such as 2GB, "
+        "off or auto; for attach: a ClusterSpec or TF_CONFIG as quoted JSON, or a file holding one "
+        "(default: $TF_CONFIG); for export: slurm, k8s or tfjob",
     )
+    @argument(
+        "--backend",
+        default=None,
+        help="for start: where tasks run: local (default), ssh (needs --hosts) or spark (--master)",
+    )
+    @argument("--hosts", default=None, help="for --backend ssh: SSH hosts, comma-separated (node1,node2)")
+    @argument("--python", default=None, help="for --backend ssh: the Python on the hosts (default python3)")
+    @argument("--ssh-config", default=None, help="for --backend ssh: an ssh config file (ssh -F)")
+    @argument(
+        "--tunnel",
+        action="store_true",
+        help="for --backend ssh: keep servers on each host's loopback, reached through SSH tunnels",
+    )
+    @argument("--master", default=None, help="for --backend spark: local[N] or spark://HOST:PORT")
+    @argument("--out", default=None, help="for export: write to this file instead of printing")
     @argument(
         "--ps",
         type=_count,
@@ -135,7 +172,7 @@ class TfMagics(Magics):
     )
     @line_magic
     def tf_cluster(self, line: str = ""):
-        """Start, inspect and stop a local TensorFlow cluster.
+        """Start, inspect and stop a TensorFlow cluster (local, over SSH, on Spark, or attached).
 
         Examples::
 
@@ -148,6 +185,10 @@ class TfMagics(Magics):
             %tf_cluster slow worker:1 --factor 4   # a straggler: worker 1 at 1/4 speed (1 restores)
             %tf_cluster kill worker:1              # the task's process dies, as in a crash
             %tf_cluster restart worker:1           # it comes back on its old address
+            %tf_cluster start --backend ssh --hosts node1,node2 --python /opt/venv/bin/python
+            %tf_cluster start --backend spark --master local[3]
+            %tf_cluster attach cluster.json        # a cluster started elsewhere (or $TF_CONFIG)
+            %tf_cluster export slurm --out job.sbatch   # also k8s, tfjob
 
         Then ``%%tf_device worker:1`` runs a cell's ops on a task.
         """
@@ -182,9 +223,21 @@ class TfMagics(Magics):
                 f"--gpus has {len(gpus)} entries for {shape.workers} workers; "
                 "give one per worker separated by '/', or one for all"
             )
+        backend = (args.backend or "local").lower()
+        if backend not in BACKENDS:
+            raise UsageError(f"unknown backend {args.backend!r}; use one of {', '.join(BACKENDS)}")
+        if backend != "ssh" and (args.hosts or args.python or args.ssh_config or args.tunnel):
+            raise UsageError("--hosts, --python, --ssh-config and --tunnel are for --backend ssh")
+        if backend != "spark" and args.master:
+            raise UsageError("--master is for --backend spark, e.g. --backend spark --master local[3]")
+        if backend == "ssh" and not args.hosts:
+            raise UsageError("--backend ssh needs --hosts, e.g. --hosts node1,node2 (names your ssh knows)")
+        hosts = tuple(h.strip() for h in (args.hosts or "").split(",") if h.strip())
+        master = args.master or (f"local[{shape.size}]" if backend == "spark" else None)
+        wanted = (backend, hosts, master)
         running = current_cluster()
         if running is not None and running.running:
-            if running.shape == shape and not args.replace:
+            if running.shape == shape and _placement(running) == wanted and not args.replace:
                 age = human_seconds(time.time() - (running.started_at or time.time()))
                 print(
                     f"Reusing the running cluster {running.name} ({shape.describe()}, up {age}); "
@@ -193,21 +246,42 @@ class TfMagics(Magics):
                 return None
             if not args.replace:
                 flags = f"--ps {shape.ps} --workers {shape.workers}"
+                what = "shape" if running.shape != shape else "placement"
                 raise UsageError(
-                    f"a cluster of another shape is running ({running.shape.describe()}); "
-                    f"stop it first (%tf_cluster stop) or replace it: %tf_cluster start {flags} --replace"
+                    f"a cluster of another {what} is running ({_describe(running)}); "
+                    f"stop it first (%tf_cluster stop) or replace it: %tf_cluster start {flags} ... --replace"
                 )
             running.stop()
             set_current(None)
-        cluster = LocalCluster(
-            ps=shape.ps,
-            workers=shape.workers,
+        common = dict(
             worker_gpus=(gpus[0] if gpus and len(gpus) == 1 else gpus),
-            spares=not args.no_spares,
-            loopback_only=not args.all_interfaces,
             collective=args.collective,
             **({"start_timeout": args.timeout} if args.timeout else {}),
         )
+        if backend == "local":
+            cluster = LocalCluster(
+                ps=shape.ps,
+                workers=shape.workers,
+                spares=not args.no_spares,
+                loopback_only=not args.all_interfaces,
+                **common,
+            )
+        elif backend == "ssh":
+            cluster = SSHCluster(
+                list(hosts),
+                ps=shape.ps,
+                workers=shape.workers,
+                python=args.python or "python3",
+                ssh_config=args.ssh_config,
+                tunnel=args.tunnel,
+                **common,
+            )
+        else:
+            try:
+                from .launchers.spark import SparkCluster
+            except ImportError as exc:
+                raise UsageError(f"the Spark backend needs pyspark: pip install 'tfmagic[spark]' ({exc})") from None
+            cluster = SparkCluster(master=master, ps=shape.ps, workers=shape.workers, **common)
         view = StartProgress(shape.tasks())
         handle = display(view, display_id=True) if self.in_notebook else None
 
@@ -246,7 +320,38 @@ class TfMagics(Magics):
             f"Security: {cluster.launcher.security_note()}; once connected, this kernel also "
             "serves TensorFlow on every interface. See the README's Security section."
         )
+        for task, proc in cluster.procs.items():
+            if getattr(proc, "guard_failed", None):
+                print(f"Warning: {task} on {proc.destination or proc.host}: {proc.guard_failed}.", file=sys.stderr)
         return None
+
+    def _cluster_attach(self, args):
+        import os
+
+        from .attach import attach
+
+        spec = args.task or os.environ.get("TF_CONFIG")
+        if spec and len(spec) > 1 and spec[0] == spec[-1] and spec[0] in "'\"":
+            spec = spec[1:-1]  # IPython keeps the quotes around one quoted argument
+        if not spec:
+            raise UsageError(
+                "attach needs the cluster: %tf_cluster attach cluster.json, or a quoted ClusterSpec/TF_CONFIG "
+                "JSON, or set TF_CONFIG"
+            )
+        running = current_cluster()
+        if running is not None and running.running:
+            raise UsageError(
+                f"a cluster is running ({_describe(running)}); stop it first (%tf_cluster stop), then attach"
+            )
+        cluster = attach(spec)
+        set_current(cluster)
+        print(
+            f"Attached to cluster {cluster.name} ({cluster.shape.describe()}): "
+            + ", ".join(f"{t} {cluster.address(t)}" for t in cluster.procs)
+            + ". tfmagic did not start these tasks: %tf_cluster stop only detaches, and slow, kill and restart "
+            "are not available. %%tf_device worker:0 runs a cell there."
+        )
+        print(f"Security: {cluster.launcher.security_note()}.")
 
     def _cluster_stop(self, args):
         cluster = current_cluster()
@@ -256,6 +361,10 @@ class TfMagics(Magics):
             )
         n = len(cluster.procs)
         cluster.stop()
+        if cluster.launcher.name == "attached":
+            set_current(None)
+            print(f"Detached from cluster {cluster.name}; its {n} tasks keep running (tfmagic did not start them).")
+            return
         spares = default_pool().processes()
         print(
             f"Stopped cluster {cluster.name} ({n} tasks). "

@@ -269,6 +269,11 @@ class Launcher:
             "uptime_s": uptime(proc.pid),
         }
 
+    def client_address(self, cluster: Any) -> str | None:
+        """``host:port`` where the tasks reach this process as a client (``None``: TF's default,
+        ``localhost``, which works while every task shares this machine's loopback)."""
+        return None
+
     def diagnose(self, proc: TaskProcess, log_tail: str) -> str:
         """What the user should do about a task that did not come up ("" if nothing to add)."""
         return ""

@@ -140,6 +140,7 @@ class SSHLauncher(Launcher):
         self._dest_of: dict[int, str] = {}
         self._lock = threading.Lock()
         self._next = 0
+        self._client_address: str | None = None
 
     # -- placement -------------------------------------------------------------
     @property
@@ -248,11 +249,28 @@ class SSHLauncher(Launcher):
         dest = self._dest_of.get(proc.pid, "the host")
         if "No module named" in log_tail and "tfmagic" in log_tail:
             return f"install tfmagic on {dest} for {self.python} (pip install tfmagic), or pass python=/its/python"
-        if "not found" in log_tail and self.python in log_tail:
+        if proc.exit_code == 127 or (self.python in log_tail and ("not found" in log_tail or "No such file" in log_tail)):
             return f"{self.python} is not on {dest}; pass python= (--python) with the Python that has TensorFlow"
         if proc.exit_code == 255 or "Permission denied" in log_tail or "Host key verification" in log_tail:
             return f"check that `ssh {dest} true` works here without a password prompt (keys, agent, known_hosts)"
         return ""
+
+    def client_address(self, cluster) -> str | None:
+        """This machine's address on the route to the hosts, with a port free here.
+
+        Chosen once per launcher, so a reconnection after a restart keeps it.
+        """
+        if self._client_address is None:
+            import socket
+
+            first = self.addresses[self.destinations[0]]
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.connect((first, 9))  # no packet is sent: this only asks the routing table
+                local = probe.getsockname()[0]
+            with socket.socket() as s:
+                s.bind((local, 0))
+                self._client_address = f"{local}:{s.getsockname()[1]}"
+        return self._client_address
 
     # -- security ------------------------------------------------------------------
     def security_note(self) -> str:
