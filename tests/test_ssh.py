@@ -202,6 +202,44 @@ def test_remote_tasks_die_when_their_owner_is_killed(loop_host, no_leaks):
             owner.wait()
 
 
+def test_tunnel_mode_keeps_servers_on_each_hosts_loopback(ns_hosts, no_leaks):
+    import tensorflow as tf
+
+    from tfmagic import owner
+
+    cluster = tfmagic.SSHCluster(
+        ns_hosts.aliases, ps=1, workers=1, python=sys.executable, ssh_config=ns_hosts.config, tunnel=True
+    )
+    try:
+        cluster.start()
+        spec = cluster.cluster_def.as_dict()
+        assert all(a.startswith("127.0.0.1:") for addrs in spec.values() for a in addrs), spec
+        assert "SSH tunnels" in cluster.launcher.security_note()
+        tunnels = [p for p in owner.processes() if type(p).__name__ == "_Tunnel"]
+        assert len(tunnels) == 2
+        # from node1, the ps (on node0) is not reachable on node0's network address
+        ps_port = spec["ps"][0].rsplit(":", 1)[1]
+        probe = "import socket,sys\ntry:\n socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2).close(); print('open')\nexcept OSError: print('closed')"
+        out = subprocess.run(
+            ["ip", "netns", "exec", ns_hosts.namespaces[1], sys.executable, "-c", probe,
+             ns_hosts.addresses["node0"], ps_port],
+            capture_output=True, text=True, timeout=30,
+        )
+        assert out.stdout.strip() == "closed", out.stdout + out.stderr
+        cluster.connect()
+        with cluster.device("ps:0"):
+            v = tf.Variable(2.0)
+        with cluster.device("worker:0"):  # the worker on node1 reads the ps on node0 through the tunnels
+            assert float((v * tf.constant(3.0)).numpy()) == 6.0
+        h = tfmagic.train(cluster, mode="async", model="linear", steps=30, batch_size=8, lr=0.05)
+        assert len(h.records) >= 30
+    finally:
+        pids = [p.task_pid for p in cluster.procs.values()]
+        cluster.close()
+    assert_gone(pids)
+    assert not [p for p in owner.processes() if type(p).__name__ == "_Tunnel"]
+
+
 # -- attach --------------------------------------------------------------------
 
 

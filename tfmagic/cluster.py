@@ -271,6 +271,7 @@ class Cluster:
                 jobs.setdefault(task.job, []).append(f"{proc.host}:{port}")
             defn = ClusterDef.from_mapping(jobs)
             cluster = defn.as_dict()
+            self.launcher.prepare(cluster, procs)
             assigned: set[TaskName] = set()
             up: set[TaskName] = set()
             while len(up) < len(tasks):
@@ -317,6 +318,7 @@ class Cluster:
         except BaseException:
             for proc in procs.values():
                 proc.kill()
+            self.launcher.close()
             raise
         finally:
             for proc in procs.values():
@@ -382,6 +384,7 @@ class Cluster:
             self._killed_on_purpose.update(p.pid for p in procs.values())
         for proc in procs.values():
             proc.kill()
+        self.launcher.close()
         self.emit("stop", "cluster", f"{len(procs)} tasks stopped")
 
     def close(self) -> None:

@@ -149,9 +149,12 @@ class TaskRuntime:
 
     def urgent_free_port(self, msg: dict[str, Any]) -> None:
         """A port free on this task's host (remote launchers cannot look themselves)."""
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((msg.get("host") or "", 0))
-            port = s.getsockname()[1]
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind((msg.get("host") or "", int(msg.get("port") or 0)))
+                port = s.getsockname()[1]
+        except OSError:
+            port = 0  # the port asked about is taken here
         self.send("free_port", id=msg.get("id"), port=port)
 
     def urgent_stats(self, msg: dict[str, Any]) -> None:

@@ -245,6 +245,9 @@ class Launcher:
             return free_port(self.host)
         return int(proc.request("free_port", timeout=30.0, host=proc.bind_host or "")["port"])
 
+    def prepare(self, cluster: dict[str, list[str]], procs: dict) -> None:
+        """Called once the addresses are chosen, before any task takes its role (tunnels go here)."""
+
     def task_log(self, log_path: str) -> str | None:
         """The log file the task itself writes (``None``: its stderr comes back to us)."""
         return None if self.remote else log_path

@@ -33,7 +33,6 @@ import shutil
 import signal
 import subprocess
 import threading
-import time
 from collections.abc import Sequence
 
 from ..errors import ClusterStartError
@@ -141,6 +140,14 @@ class SSHLauncher(Launcher):
         self._lock = threading.Lock()
         self._next = 0
         self._client_address: str | None = None
+        self._tunnels: list[_Tunnel] = []
+        if tunnel:
+            mine = [d for d, a in self.addresses.items() if a.startswith("127.") or a in ("localhost", "::1")]
+            if mine:
+                raise ClusterStartError(
+                    f"tunnel=True is for other hosts, and {mine[0]} is this machine's loopback; "
+                    "drop --tunnel for it (its servers are on loopback already)"
+                )
 
     # -- placement -------------------------------------------------------------
     @property
@@ -156,6 +163,47 @@ class SSHLauncher(Launcher):
 
     def destination(self, proc: TaskProcess) -> str:
         return self._dest_of[proc.pid]
+
+    def pick_port(self, proc: TaskProcess | None = None) -> int:
+        """In tunnel mode a port must be free here (its local end) and on the task's host."""
+        if not self.tunnel or proc is None:
+            return super().pick_port(proc)
+        from .local import free_port
+
+        for _ in range(50):
+            port = free_port("127.0.0.1")
+            if proc.request("free_port", timeout=30.0, host="127.0.0.1", port=port)["port"] == port:
+                return port
+        raise TimeoutError(f"no port was free both here and on {proc.destination} after 50 tries")
+
+    # -- tunnels (tunnel=True) --------------------------------------------------
+    def prepare(self, cluster: dict[str, list[str]], procs: dict) -> None:
+        """One SSH session per host carries the tunnels: ``-L`` for its own tasks (this
+        machine reaches them), ``-R`` for every other host's tasks and for this client
+        (its tasks reach them).  All traffic between hosts passes through this machine."""
+        if not self.tunnel:
+            return
+        from .local import free_port
+
+        self.close()
+        self._client_address = f"127.0.0.1:{free_port('127.0.0.1')}"
+        client_port = int(self._client_address.rsplit(":", 1)[1])
+        where = {}
+        for task, proc in procs.items():
+            port = int(cluster[task.job][task.index].rsplit(":", 1)[1])
+            where[port] = proc.destination
+        for dest in sorted(set(where.values())):
+            forwards = []
+            for port, owner_dest in sorted(where.items()):
+                flag = "-L" if owner_dest == dest else "-R"
+                forwards += [flag, f"127.0.0.1:{port}:127.0.0.1:{port}"]
+            forwards += ["-R", f"127.0.0.1:{client_port}:127.0.0.1:{client_port}"]
+            self._tunnels.append(_Tunnel.open(self.ssh, dest, forwards))
+
+    def close(self) -> None:
+        tunnels, self._tunnels = self._tunnels, []
+        for tunnel in tunnels:
+            tunnel.kill()
 
     # -- processes ---------------------------------------------------------------
     def remote_command(self, address: str) -> str:
@@ -287,10 +335,64 @@ class SSHLauncher(Launcher):
         )
 
 
-def _wait_until(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
+class _Tunnel:
+    """One ``ssh`` session holding port forwards, tied to its owner like a task.
+
+    Its remote command prints a line once the forwards are up
+    (``ExitOnForwardFailure`` makes ssh confirm them first) and then reads
+    its standard input: when the owner goes away the pipe closes and the
+    session, with its forwards, ends.
+    """
+
+    READY = "tfmagic-tunnel-ready"
+
+    def __init__(self, popen: subprocess.Popen, dest: str) -> None:
+        self.popen = popen
+        self.pid = popen.pid
+        self.destination = dest
+
+    @classmethod
+    def open(cls, ssh: list[str], dest: str, forwards: list[str], timeout: float = 30.0) -> _Tunnel:
+        from .. import owner
+
+        popen = subprocess.Popen(
+            [*ssh, *SSH_OPTIONS, "-o", "ExitOnForwardFailure=yes", *forwards, dest,
+             f"echo {cls.READY}; exec cat >/dev/null"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            close_fds=True,
+        )
+        tunnel = cls(popen, dest)
+        owner.register(tunnel)
+        line: list[bytes] = []
+        reader = threading.Thread(target=lambda: line.append(popen.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(timeout)
+        if not line or cls.READY.encode() not in line[0]:
+            tunnel.kill()
+            err = (popen.stderr.read() or b"").decode(errors="replace").strip().splitlines()
+            raise ClusterStartError(
+                f"the SSH tunnels to {dest} did not come up ({err[-1] if err else 'no answer'}); "
+                "check that the host allows port forwarding (AllowTcpForwarding) or drop --tunnel"
+            )
+        return tunnel
+
+    @property
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def kill(self) -> None:
+        from .. import owner
+
+        if self.popen.poll() is None:
+            try:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                self.popen.kill()
+            try:
+                self.popen.wait(10)
+            except subprocess.TimeoutExpired:  # pragma: no cover
+                pass
+        owner.forget(self)
