@@ -1,0 +1,689 @@
+"""Exported Slurm scripts and Kubernetes manifests: well-formed, consistent, read back by TensorFlow.
+
+No Slurm, no Kubernetes and no TensorFlow server here.  The Slurm script is
+checked by bash, by parsing its #SBATCH and srun lines, and by running
+TensorFlow's SlurmClusterResolver (inside the script's own launcher) in a
+simulated allocation: the environment Slurm would give each rank.  The
+manifests are parsed as YAML and every TF_CONFIG is read back by
+TFConfigClusterResolver.
+"""
+
+from __future__ import annotations
+
+import doctest
+import json
+import os
+import re
+import shlex
+import socket
+import stat
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tfmagic import export
+from tfmagic.errors import BadClusterShape, ExportError, TfmagicError
+from tfmagic.export import (
+    LAUNCHER,
+    LAUNCHER_DIR,
+    job_counts,
+    kubernetes_manifests,
+    kubernetes_tf_configs,
+    slurm_script,
+    to_yaml,
+    write_export,
+)
+from tfmagic.spec import ClusterDef, ClusterShape
+
+pytestmark = pytest.mark.unit
+
+yaml = pytest.importorskip(
+    "yaml"
+)  # installed with jupyter-server (via jupyter-events); not a tfmagic dependency
+
+DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+SHAPES = [
+    ClusterShape(ps=1, workers=2),
+    ClusterShape(ps=2, workers=3, chief=1),
+    ClusterShape(ps=0, workers=4),
+]
+
+
+@pytest.fixture(scope="module")
+def tf():
+    tensorflow = pytest.importorskip("tensorflow")
+    return tensorflow
+
+
+@pytest.fixture
+def launcher():
+    """The launcher's functions, from the very text the exports carry (its main() is not run)."""
+    namespace = {"__name__": "tfmagic_launcher"}
+    exec(compile(LAUNCHER, "launch.py", "exec"), namespace)
+    return namespace
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    """Whatever the launcher or the resolvers set in os.environ is undone after the test."""
+    for name in ("TF_CONFIG", "CUDA_VISIBLE_DEVICES", "TFMAGIC_DRY_RUN"):
+        monkeypatch.setenv(name, "placeholder")
+        monkeypatch.delenv(name)
+    return monkeypatch
+
+
+# --------------------------------------------------------------------------
+# reading a Slurm script
+
+
+def sbatch_options(script: str) -> dict[str, str]:
+    out = {}
+    for line in script.splitlines():
+        if line.startswith("#SBATCH "):
+            key, _, value = line[len("#SBATCH ") :].partition("=")
+            out[key] = value
+    return out
+
+
+def srun_argv(script: str) -> list[str]:
+    """The srun command line, continuation lines joined, as bash would split it."""
+    lines = script.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("srun "))
+    text = ""
+    for line in lines[start:]:
+        text += line.rstrip("\\").rstrip() + " "
+        if not line.endswith("\\"):
+            break
+    return shlex.split(text)
+
+
+def launcher_opts(script: str) -> dict[str, list[str]]:
+    """The launcher's options on the srun line: {'--jobs': ['ps=1,worker=2'], '--role': [...], ...}"""
+    argv = srun_argv(script)
+    args = argv[argv.index("$TFMAGIC_LAUNCHER") + 1 : argv.index("--")]
+    opts: dict[str, list[str]] = {}
+    for key, value in zip(args[::2], args[1::2]):
+        opts.setdefault(key, []).append(value)
+    return opts
+
+
+def expand_allocation(nodes: list[str], tasks: list[int]) -> list[tuple[str, int]]:
+    """(node, local task number) of each rank, as srun --distribution=block hands them out."""
+    return [(node, local) for node, n in zip(nodes, tasks) for local in range(n)]
+
+
+def slurm_env(monkeypatch, nodelist, tasks_per_node, nodes, tasks, rank):
+    """The variables SlurmClusterResolver reads (and the two the launcher checks placement with)."""
+    node, local = expand_allocation(nodes, tasks)[rank]
+    monkeypatch.setenv("SLURM_PROCID", str(rank))
+    monkeypatch.setenv("SLURM_STEP_NODELIST", nodelist)
+    monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", tasks_per_node)
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", str(sum(tasks)))
+    monkeypatch.setenv("SLURMD_NODENAME", node)
+    monkeypatch.setenv("SLURM_LOCALID", str(local))
+
+
+# --------------------------------------------------------------------------
+# Slurm
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_sbatch_and_srun_lines_match_the_shape(shape):
+    script = slurm_script(
+        shape, program="train.py", port=9000, partition="cpu", time="02:30:00", job_name="mnist"
+    )
+    opts = sbatch_options(script)
+    assert opts["--ntasks"] == str(shape.size)
+    assert opts["--job-name"] == "mnist"
+    assert opts["--time"] == "02:30:00"
+    assert opts["--partition"] == "cpu"
+    assert "--gres" not in opts and "--nodes" not in opts
+    argv = srun_argv(script)
+    assert argv[0] == "srun"
+    assert f"--ntasks={shape.size}" in argv
+    assert "--distribution=block" in argv and "--kill-on-bad-exit=1" in argv
+    assert argv[argv.index("--") + 1 :] == ["train.py"]
+    opts = launcher_opts(script)
+    assert opts["--resolver"] == ["slurm"]
+    assert opts["--port-base"] == ["9000"]
+    jobs = dict(pair.split("=") for pair in opts["--jobs"][0].split(","))
+    assert {job: int(n) for job, n in jobs.items()} == shape.counts()
+    roles = dict(r.split("=") for r in opts["--role"])
+    assert roles == {job: "serve" if job == "ps" else "serve+run" for job in shape.counts()}
+
+
+def test_sbatch_directives_come_before_any_command():
+    script = slurm_script(
+        ClusterShape(ps=1, workers=2), setup=["module load tensorflow", "source venv/bin/activate"]
+    )
+    lines = script.splitlines()
+    assert lines[0] == "#!/bin/bash"
+    last_directive = max(i for i, line in enumerate(lines) if line.startswith("#SBATCH"))
+    first_command = min(i for i, line in enumerate(lines) if line and not line.startswith("#"))
+    assert last_directive < first_command
+    assert lines.index("module load tensorflow") < lines.index("source venv/bin/activate") < len(lines)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_script_is_valid_bash_and_carries_the_launcher_verbatim(shape, tmp_path):
+    script = slurm_script(shape, program="my train.py", program_args=["--lr", "0.1", "it's"])
+    path = tmp_path / "job.sbatch"
+    path.write_text(script)
+    result = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    body = script.split("<<'TFMAGIC_LAUNCHER_EOF' || true\n", 1)[1].split("\nTFMAGIC_LAUNCHER_EOF\n", 1)[0]
+    assert body == LAUNCHER.rstrip("\n")
+    argv = srun_argv(script)
+    assert argv[argv.index("--") + 1 :] == ["my train.py", "--lr", "0.1", "it's"]
+    assert "scontrol" not in script
+
+
+@pytest.mark.parametrize(
+    "shape, nodelist, tasks_per_node, nodes, tasks",
+    [
+        (ClusterShape(ps=1, workers=2), "node[1-2]", "2,1", ["node1", "node2"], [2, 1]),
+        (ClusterShape(ps=2, workers=3, chief=1), "n[01-03]", "2(x3)", ["n01", "n02", "n03"], [2, 2, 2]),
+        (ClusterShape(ps=1, workers=3), "a1,b[7-8]", "1,2,1", ["a1", "b7", "b8"], [1, 2, 1]),
+    ],
+)
+def test_resolver_reads_a_simulated_allocation(
+    tf, launcher, clean_env, shape, nodelist, tasks_per_node, nodes, tasks
+):
+    """Each rank, with the environment Slurm would give it, resolves to its own task of one shared cluster."""
+    script = slurm_script(shape, port=8888)
+    opts = launcher_opts(script)
+    jobs = launcher["parse_counts"](opts["--jobs"][0])
+    port_base = int(opts["--port-base"][0])
+    assert jobs == shape.counts() and port_base == 8888
+
+    placement = expand_allocation(nodes, tasks)
+    expected_tasks = [(job, i) for job in sorted(jobs) for i in range(jobs[job])]  # rank order: jobs by name
+    expected = {job: [] for job in jobs}
+    for (job, _), (node, local) in zip(expected_tasks, placement):
+        expected[job].append(f"{node}:{port_base + local}")
+
+    seen = []
+    for rank in range(shape.size):
+        slurm_env(clean_env, nodelist, tasks_per_node, nodes, tasks, rank)
+        cluster, job, index = launcher["resolve_slurm"](jobs, port_base)
+        assert cluster == expected
+        assert (job, index) == expected_tasks[rank]
+        launcher["configure"](cluster, job, index)
+        config = json.loads(os.environ["TF_CONFIG"])
+        assert config == {"cluster": expected, "task": {"type": job, "index": index}}
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == ""  # no GPUs asked for: hidden from every task
+        seen.append((job, index))
+    assert sorted(seen) == sorted(expected_tasks)
+    addresses = [a for addrs in expected.values() for a in addrs]
+    assert len(set(addresses)) == len(addresses)
+
+
+def test_gpus_are_shared_out_by_the_resolver_and_hidden_from_ps(tf, launcher, clean_env):
+    shape = ClusterShape(ps=1, workers=3)
+    script = slurm_script(shape, gpus_per_worker=1, tasks_per_node=2)
+    opts = sbatch_options(script)
+    assert (opts["--nodes"], opts["--ntasks-per-node"], opts["--gres"]) == ("2", "2", "gpu:2")
+    argv = srun_argv(script)
+    assert "--gres=gpu:2" in argv and "--ntasks-per-node=2" in argv
+    opts = launcher_opts(script)
+    gpus_per_task, gpus_per_node = int(opts["--gpus-per-task"][0]), int(opts["--gpus-per-node"][0])
+    assert (gpus_per_task, gpus_per_node) == (1, 2)
+    visible = []
+    for rank in range(4):
+        slurm_env(clean_env, "gpu[1-2]", "2(x2)", ["gpu1", "gpu2"], [2, 2], rank)
+        cluster, job, index = launcher["resolve_slurm"](shape.counts(), 8888, gpus_per_task, gpus_per_node)
+        launcher["configure"](cluster, job, index, gpus_per_task)
+        visible.append((f"{job}:{index}", os.environ["CUDA_VISIBLE_DEVICES"]))
+    assert visible == [("ps:0", ""), ("worker:0", "1"), ("worker:1", "0"), ("worker:2", "1")]
+
+
+def test_launcher_stops_when_resolver_and_slurm_disagree_on_node_order(tf, launcher, clean_env):
+    """The resolver sorts node names as text: node10 comes before node9, Slurm's rank 0 is on node9."""
+    shape = ClusterShape(ps=1, workers=1)
+    slurm_env(clean_env, "node[9-10]", "1(x2)", ["node9", "node10"], [1, 1], 0)
+    with pytest.raises(SystemExit) as info:
+        launcher["resolve_slurm"](shape.counts(), 8888)
+    message = str(info.value)
+    assert "node10:8888" in message and "node9" in message and "zero-padded" in message
+
+
+def test_launcher_explains_a_changed_task_count(tf, launcher, clean_env):
+    slurm_env(clean_env, "node[1-2]", "2(x2)", ["node1", "node2"], [2, 2], 0)
+    with pytest.raises(SystemExit) as info:
+        launcher["resolve_slurm"]({"ps": 1, "worker": 2}, 8888)
+    assert "Requested 3 tasks but only 4 were assigned" in str(info.value)
+    assert "export it again" in str(info.value)
+
+
+FAKE_SRUN = textwrap.dedent(
+    """\
+    #!/bin/bash
+    # Slurm cannot exist here, so this stands in for srun: it runs every rank of the step,
+    # one after another, with the step variables Slurm would set (2 tasks on node1, 1 on node2).
+    # This is the only mock: SlurmClusterResolver expands hostlists itself (no scontrol).
+    while [[ $1 == --* ]]; do shift; done
+    nodes=(node1 node1 node2); locals=(0 1 0)
+    for rank in 0 1 2; do
+        SLURM_PROCID=$rank SLURM_STEP_NODELIST='node[1-2]' SLURM_STEP_TASKS_PER_NODE='2,1' \\
+        SLURM_STEP_NUM_TASKS=3 SLURMD_NODENAME=${nodes[$rank]} SLURM_LOCALID=${locals[$rank]} \\
+            "$@" || exit $?
+    done
+    """
+)
+
+
+def test_whole_script_dry_run_under_a_fake_srun(tf, tmp_path):
+    """bash runs the exported script; each rank's launcher resolves and prints its TF_CONFIG, starts nothing."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(FAKE_SRUN)
+    (bin_dir / "srun").chmod(0o755)
+    script = tmp_path / "job.sbatch"
+    write_export(
+        "slurm", script, ClusterShape(ps=1, workers=2), python=shlex.quote(sys.executable), port=7000
+    )
+    env = dict(
+        os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", TFMAGIC_DRY_RUN="1", TF_CPP_MIN_LOG_LEVEL="3"
+    )
+    result = subprocess.run(
+        ["bash", str(script)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    configs = [
+        json.loads(line.split("TF_CONFIG=", 1)[1])
+        for line in result.stdout.splitlines()
+        if line.startswith("tfmagic launcher: TF_CONFIG=")
+    ]
+    cluster = {"ps": ["node1:7000"], "worker": ["node1:7001", "node2:7000"]}
+    assert configs == [
+        {"cluster": cluster, "task": {"type": "ps", "index": 0}},
+        {"cluster": cluster, "task": {"type": "worker", "index": 0}},
+        {"cluster": cluster, "task": {"type": "worker", "index": 1}},
+    ]
+    assert "ps:0 at node1:7000, role serve" in result.stdout
+    assert "worker:1 at node2:7000, role serve+run" in result.stdout
+    assert result.stdout.count("CUDA_VISIBLE_DEVICES=''") == 3
+
+
+# --------------------------------------------------------------------------
+# the launcher's own logic
+
+
+def test_serving_tasks_wait_until_every_program_task_was_seen_and_is_gone(launcher):
+    timeline = iter(
+        [
+            {"a"},  # a is up, b not yet
+            set(),  # a finished before b ever came up: not done, b has not been seen
+            {"b"},
+            {"b"},
+            set(),  # both seen, none up: done
+            {"never": "reached"},
+        ]
+    )
+    state = {"up": set(next(timeline)), "probes": 0}
+
+    def probe(address):
+        return address in state["up"]
+
+    def sleep(_):
+        state["probes"] += 1
+        state["up"] = set(next(timeline))
+
+    launcher["wait_until_done"](["a:1", "b:1"], 0.01, probe=lambda a: probe(a[0]), sleep=sleep)
+    assert state["probes"] == 4
+
+
+def test_port_probe_sees_a_listening_socket_come_and_go(launcher):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    address = "127.0.0.1:%d" % server.getsockname()[1]
+    assert launcher["port_open"](address)
+    server.close()
+    assert not launcher["port_open"](address)
+    assert not launcher["port_open"]("no-such-host.invalid:2222")
+
+
+@pytest.mark.parametrize(
+    "strategy, shape, expected",
+    [
+        ("between-graph", ClusterShape(ps=1, workers=2), {"ps": "serve", "worker": "serve+run"}),
+        (
+            "parameter-server",
+            ClusterShape(ps=2, workers=2, chief=1),
+            {"chief": "run", "ps": "serve", "worker": "serve"},
+        ),
+        ("collective", ClusterShape(ps=0, workers=3), {"worker": "run"}),
+        ("custom", ClusterShape(ps=1, workers=1), {"ps": "run", "worker": "run"}),
+    ],
+)
+def test_roles_per_strategy_and_what_serving_tasks_wait_for(launcher, strategy, shape, expected):
+    assert export.roles(shape.counts(), strategy) == expected
+    cluster = {job: [f"{job}{i}:1" for i in range(n)] for job, n in shape.counts().items()}
+    waited = launcher["program_addresses"](cluster, expected)
+    assert waited == [a for job in sorted(cluster) if "run" in expected[job] for a in cluster[job]]
+    roles = launcher_opts(slurm_script(shape, strategy=strategy))["--role"]
+    assert dict(r.split("=") for r in roles) == expected
+
+
+def test_program_runs_as_main_with_its_arguments_and_exit_code(launcher, tmp_path, monkeypatch):
+    program = tmp_path / "train.py"
+    program.write_text(
+        "import sys\n"
+        "if __name__ == '__main__':\n"
+        "    open(sys.argv[1], 'w').write(repr((sys.argv[2:], server)))\n"
+        "    sys.exit(int(sys.argv[2]))\n"
+    )
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    out = tmp_path / "out.txt"
+    assert launcher["run_program"]([str(program), str(out), "3"], "SERVER") == 3
+    assert out.read_text() == "(['3'], 'SERVER')"
+    assert launcher["run_program"]([str(program), str(out), "0"], None) == 0
+    crash = tmp_path / "crash.py"
+    crash.write_text("raise ValueError('boom')\n")
+    assert launcher["run_program"]([str(crash)], None) == 1
+
+
+def test_launcher_main_dry_run_from_tf_config(tf, launcher, clean_env, capsys):
+    configs = kubernetes_tf_configs(ClusterShape(ps=1, workers=2))
+    clean_env.setenv("TF_CONFIG", json.dumps(configs["worker:1"]))
+    clean_env.setenv("TFMAGIC_DRY_RUN", "1")
+    argv = ["--resolver", "tf_config", "--role", "ps=serve", "--role", "worker=serve+run", "--", "train.py"]
+    assert launcher["main"](argv) == 0
+    out = capsys.readouterr().out
+    assert "worker:1 at tfmagic-worker-1:2222, role serve+run" in out
+    assert json.loads(os.environ["TF_CONFIG"]) == configs["worker:1"]
+    with pytest.raises(SystemExit, match="after '--'"):
+        launcher["main"](["--resolver", "tf_config"])
+    with pytest.raises(SystemExit, match="no --role for job 'worker'"):
+        launcher["main"](["--resolver", "tf_config", "--role", "ps=serve", "--", "train.py"])
+    clean_env.delenv("TF_CONFIG")
+    with pytest.raises(SystemExit, match="TF_CONFIG is missing"):
+        launcher["main"](["--resolver", "tf_config", "--role", "ps=serve", "--", "train.py"])
+
+
+def test_launcher_runs_with_python_dash_c_and_has_usage():
+    result = subprocess.run([sys.executable, "-c", LAUNCHER, "--help", "--"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "--resolver" in result.stdout and "Start one TensorFlow task" in result.stdout
+
+
+# --------------------------------------------------------------------------
+# Kubernetes
+
+
+def parse(text: str) -> list[dict]:
+    return [doc for doc in yaml.safe_load_all(text) if doc is not None]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("namespace", [None, "ml-team"])
+def test_pods_and_services_agree_and_tf_reads_each_tf_config(tf, launcher, clean_env, shape, namespace):
+    text = kubernetes_manifests(
+        shape,
+        image="registry.example.com/me/train:1",
+        program="/app/train.py",
+        port=2345,
+        namespace=namespace,
+        name="mnist",
+        program_args=["--epochs", "3"],
+    )
+    docs = parse(text)
+    kinds = [d["kind"] for d in docs]
+    assert kinds == ["ConfigMap"] + ["Service"] * shape.size + ["Pod"] * shape.size
+    assert all(d["apiVersion"] == "v1" for d in docs)
+    config_map, services, pods = docs[0], docs[1 : 1 + shape.size], docs[1 + shape.size :]
+    assert config_map["metadata"]["name"] == "mnist-launcher"
+    assert config_map["data"]["launch.py"] == LAUNCHER
+    for doc in docs:
+        assert doc["metadata"].get("namespace") == namespace
+        for key, value in doc["metadata"].get("labels", {}).items():
+            assert isinstance(value, str) and LABEL_VALUE.match(value) and len(value) <= 63, (key, value)
+
+    suffix = f".{namespace}.svc" if namespace else ""
+    expected_cluster = {
+        job: [f"mnist-{job}-{i}{suffix}:2345" for i in range(n)] for job, n in shape.counts().items()
+    }
+    by_name = {}
+    for svc in services:
+        name = svc["metadata"]["name"]
+        assert DNS1035.match(name) and len(name) <= 63
+        spec = svc["spec"]
+        assert spec["clusterIP"] == "None"  # headless: the name resolves to the Pod itself
+        assert spec["ports"] == [{"name": "tf", "port": 2345, "targetPort": 2345, "protocol": "TCP"}]
+        matching = [p for p in pods if spec["selector"].items() <= p["metadata"]["labels"].items()]
+        assert [p["metadata"]["name"] for p in matching] == [name]
+        by_name[name] = svc
+    assert sorted(by_name) == sorted(
+        a.split(".")[0].split(":")[0] for a in sum(expected_cluster.values(), [])
+    )
+
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        assert DNS1123.match(name) and name in by_name
+        labels = pod["metadata"]["labels"]
+        job, index = labels["tfmagic/job"], int(labels["tfmagic/task"].rsplit("-", 1)[1])
+        assert name == f"mnist-{job}-{index}"
+        spec = pod["spec"]
+        assert spec["restartPolicy"] == "Never"
+        (container,) = spec["containers"]
+        assert container["image"] == "registry.example.com/me/train:1"
+        assert container["ports"][0]["containerPort"] == 2345
+        env = {e["name"]: e["value"] for e in container["env"]}
+        assert all(isinstance(v, str) for v in env.values())
+        assert env["CUDA_VISIBLE_DEVICES"] == ""  # no GPUs asked for: every task CPU-only
+        command = container["command"]
+        assert command[:4] == ["python3", f"{LAUNCHER_DIR}/launch.py", "--resolver", "tf_config"]
+        assert command[command.index("--") + 1 :] == ["/app/train.py", "--epochs", "3"]
+        assert container["volumeMounts"][0]["mountPath"] == LAUNCHER_DIR
+        assert spec["volumes"][0]["configMap"]["name"] == "mnist-launcher"
+
+        config = json.loads(env["TF_CONFIG"])
+        assert config == {"cluster": expected_cluster, "task": {"type": job, "index": index}}
+        clean_env.setenv("TF_CONFIG", env["TF_CONFIG"])
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        assert resolver.cluster_spec().as_dict() == expected_cluster
+        assert (resolver.task_type, resolver.task_id) == (job, index)
+        assert launcher["resolve_tf_config"]() == (expected_cluster, job, index)
+        address = expected_cluster[job][index]
+        assert address.split(".")[0].split(":")[0] == name and address.endswith(":2345")
+
+
+def test_gpu_pods_ask_for_gpus_and_ps_pods_do_not():
+    docs = parse(kubernetes_manifests(ClusterShape(ps=1, workers=2), image="img:1", gpus_per_worker=2))
+    for pod in (d for d in docs if d["kind"] == "Pod"):
+        (container,) = pod["spec"]["containers"]
+        env = {e["name"]: e["value"] for e in container["env"]}
+        if pod["metadata"]["labels"]["tfmagic/job"] == "ps":
+            assert env["CUDA_VISIBLE_DEVICES"] == "" and "resources" not in container
+        else:
+            assert "CUDA_VISIBLE_DEVICES" not in env
+            assert container["resources"] == {"limits": {"nvidia.com/gpu": 2}}
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_tfjob_is_what_the_training_operator_accepts(tf, clean_env, shape):
+    text = kubernetes_manifests(shape, image="img:1", tfjob=True, name="mnist", namespace="ml", port=2300)
+    docs = parse(text)
+    assert [d["kind"] for d in docs] == ["ConfigMap", "TFJob"]
+    job = docs[1]
+    assert job["apiVersion"] == "kubeflow.org/v1"
+    assert DNS1035.match(job["metadata"]["name"])  # the operator's ValidateV1TFJob
+    replicas = job["spec"]["tfReplicaSpecs"]
+    names = {"chief": "Chief", "ps": "PS", "worker": "Worker"}
+    assert {rtype: r["replicas"] for rtype, r in replicas.items()} == {
+        names[j]: n for j, n in shape.counts().items()
+    }
+    assert sum(rtype in ("Chief", "Master") for rtype in replicas) <= 1
+    for rtype, replica in replicas.items():
+        containers = replica["template"]["spec"]["containers"]
+        tensorflow = [c for c in containers if c["name"] == "tensorflow"]  # the operator looks for this name
+        assert len(tensorflow) == 1 and all(c["image"] for c in containers)
+        assert {"name": "tfjob-port", "containerPort": 2300, "protocol": "TCP"} in tensorflow[0]["ports"]
+        env = {e["name"]: e["value"] for e in tensorflow[0]["env"]}
+        assert "TF_CONFIG" not in env  # the operator sets it
+        if rtype == "PS":
+            assert env["CUDA_VISIBLE_DEVICES"] == ""
+    assert job["spec"].get("successPolicy") == (None if shape.chief else "AllWorkers")
+
+    # What the operator will set, as its genClusterSpec reads; TensorFlow must read it back.
+    configs = kubernetes_tf_configs(shape, tfjob=True, name="mnist", namespace="ml", port=2300)
+    for task, config in configs.items():
+        assert config["cluster"]["worker"][0] == "mnist-worker-0.ml.svc:2300"
+        clean_env.setenv("TF_CONFIG", json.dumps(config))
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        assert f"{resolver.task_type}:{resolver.task_id}" == task
+        assert resolver.cluster_spec().as_dict() == config["cluster"]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "0",
+        "2222",
+        "yes",
+        "No",
+        "on",
+        "null",
+        "~",
+        "",
+        "a: b",
+        "it's",
+        '{"a": [1]}',
+        "1:20",
+        "x\ny",
+        "tab\t",
+        "-",
+        "--resolver",
+        "#c",
+        "é",
+        "ps=serve",
+        "/etc/tfmagic",
+        " lead",
+        "trail ",
+        "*star",
+        "&amp",
+        "!tag",
+    ],
+)
+def test_yaml_writer_round_trips_awkward_strings(value):
+    assert yaml.safe_load(to_yaml({"k": value, "l": [value, {"m": value}]})) == {
+        "k": value,
+        "l": [value, {"m": value}],
+    }
+
+
+def test_yaml_writer_keeps_numbers_booleans_and_empties():
+    data = {"n": 3, "t": True, "f": False, "z": None, "e": {}, "el": [], "nested": [[1, 2], {"a": []}]}
+    assert yaml.safe_load(to_yaml(data)) == data
+
+
+# --------------------------------------------------------------------------
+# input, errors, files and the command line
+
+
+def test_a_clusterdef_exports_like_its_shape():
+    defn = ClusterDef.from_mapping({"worker": ["127.0.0.1:2", "127.0.0.1:3"], "ps": ["127.0.0.1:1"]})
+    shape = ClusterShape(ps=1, workers=2)
+    assert slurm_script(defn) == slurm_script(shape) == slurm_script({"ps": 1, "worker": 2})
+    assert kubernetes_manifests(defn, image="i:1") == kubernetes_manifests(shape, image="i:1")
+    assert job_counts({"worker": 1, "chief": 1, "ps": 0}) == {"chief": 1, "worker": 1}
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: slurm_script("ps=1"), "ClusterShape"),
+        (lambda: slurm_script({"evaluator": 1, "worker": 1}), "'evaluator'"),
+        (lambda: slurm_script(ClusterShape(ps=1, workers=2), strategy="collective"), "ps=0"),
+        (lambda: slurm_script(ClusterShape(ps=1, workers=2), strategy="parameter-server"), "chief"),
+        (lambda: slurm_script(ClusterShape(), strategy="allreduce"), "between-graph"),
+        (lambda: slurm_script(ClusterShape(), port=65535), "65535"),
+        (lambda: slurm_script(ClusterShape(), port="2222"), "port"),
+        (lambda: slurm_script(ClusterShape(), time="1 hour"), "HH:MM:SS"),
+        (lambda: slurm_script(ClusterShape(), partition="gpu; rm -rf"), "partition"),
+        (lambda: slurm_script(ClusterShape(), gpus_per_worker=1), "tasks_per_node"),
+        (lambda: slurm_script(ClusterShape(), program="a\nb"), "one line"),
+        (lambda: slurm_script(ClusterShape(), program_args="--lr 1"), "list"),
+        (lambda: kubernetes_manifests(ClusterShape(), image=""), "image"),
+        (lambda: kubernetes_manifests(ClusterShape(), image="i:1", name="My_Job"), "lower-case"),
+        (lambda: kubernetes_manifests(ClusterShape(), image="i:1", name="x" * 60), "63"),
+        (lambda: kubernetes_manifests(ClusterShape(), image="i:1", namespace="Team A"), "namespace"),
+        (lambda: kubernetes_manifests(ClusterShape(), image="i:1", gpus_per_worker=-1), "gpus_per_worker"),
+        (lambda: export.export("nomad", ClusterShape()), "slurm, kubernetes, tfjob"),
+    ],
+)
+def test_bad_input_says_what_was_wrong(call, match):
+    with pytest.raises(ExportError, match=match) as info:
+        call()
+    assert isinstance(info.value, TfmagicError) and isinstance(info.value, ValueError)
+
+
+def test_impossible_shapes_are_the_spec_errors():
+    with pytest.raises(BadClusterShape, match="workers"):
+        slurm_script({"ps": 1})
+
+
+def test_write_export_writes_each_kind(tmp_path):
+    shape = ClusterShape(ps=1, workers=2)
+    sbatch = write_export("slurm", tmp_path / "job.sbatch", shape)
+    assert sbatch.read_text() == slurm_script(shape) and sbatch.stat().st_mode & stat.S_IXUSR
+    pods = write_export("kubernetes", tmp_path / "pods.yaml", shape, image="i:1")
+    assert pods.read_text() == kubernetes_manifests(shape, image="i:1")
+    job = write_export("tfjob", tmp_path / "tfjob.yaml", shape, image="i:1")
+    assert [d["kind"] for d in parse(job.read_text())] == ["ConfigMap", "TFJob"]
+
+
+def test_command_line_writes_to_stdout_or_a_file(capsys, tmp_path):
+    assert (
+        export.main(["slurm", "--ps", "1", "--workers", "3", "--partition", "cpu", "--", "--lr", "0.1"]) == 0
+    )
+    out = capsys.readouterr().out
+    assert out == slurm_script(ClusterShape(ps=1, workers=3), partition="cpu", program_args=["--lr", "0.1"])
+    target = tmp_path / "k.yaml"
+    assert (
+        export.main(["kubernetes", "--image", "i:1", "--tfjob", "--namespace", "ml", "-o", str(target)]) == 0
+    )
+    assert target.read_text() == kubernetes_manifests(ClusterShape(), image="i:1", tfjob=True, namespace="ml")
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["slurm", "--workers", "0"], "workers=0 is too small"),
+        (["slurm", "--time", "soon"], "not a Slurm time limit"),
+        (["slurm", "--ps", "two"], "invalid int value"),
+        (["kubernetes"], "--image"),
+        (["kubernetes", "--image", "i:1", "--name", "Bad_Name"], "cannot name Kubernetes objects"),
+        (["mesos"], "invalid choice"),
+    ],
+)
+def test_command_line_errors_are_one_line_and_exit_2(capsys, argv, match):
+    with pytest.raises(SystemExit) as info:
+        export.main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and match in err and err.startswith("python -m tfmagic.export")
+
+
+def test_python_dash_m_entry_point():
+    ok = subprocess.run(
+        [sys.executable, "-m", "tfmagic.export", "slurm", "--ps", "1", "--workers", "2"],
+        capture_output=True,
+        text=True,
+    )
+    assert ok.returncode == 0 and ok.stdout.startswith("#!/bin/bash\n") and not ok.stderr
+    bad = subprocess.run(
+        [sys.executable, "-m", "tfmagic.export", "slurm", "--chief", "2"], capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "at most one chief" in bad.stderr
+
+
+def test_docstring_examples():
+    failures, tried = doctest.testmod(export, optionflags=doctest.ELLIPSIS)
+    assert tried >= 5 and failures == 0
