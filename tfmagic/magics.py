@@ -134,6 +134,7 @@ class TfMagics(Magics):
     )
     @argument("--master", default=None, help="for --backend spark: local[N] or spark://HOST:PORT")
     @argument("--out", default=None, help="for export: write to this file instead of printing")
+    @argument("--image", default=None, help="for export k8s/tfjob: the container image with TensorFlow and your program")
     @argument(
         "--ps",
         type=_count,
@@ -324,6 +325,28 @@ class TfMagics(Magics):
             if getattr(proc, "guard_failed", None):
                 print(f"Warning: {task} on {proc.destination or proc.host}: {proc.guard_failed}.", file=sys.stderr)
         return None
+
+    def _cluster_export(self, args):
+        from .export import export, write_export
+
+        kind = {"k8s": "kubernetes", "kube": "kubernetes"}.get((args.task or "").lower(), (args.task or "").lower())
+        if kind not in ("slurm", "kubernetes", "tfjob"):
+            raise UsageError("export needs what to write: %tf_cluster export slurm|k8s|tfjob [--out FILE]")
+        options = {}
+        if kind != "slurm":
+            if not args.image:
+                raise UsageError(f"export {args.task} needs --image, the container image holding TensorFlow and your program")
+            options["image"] = args.image
+        running = current_cluster()
+        if args.ps is not None or args.workers is not None or running is None or not running.running:
+            shape = ClusterShape(ps=1 if args.ps is None else args.ps, workers=2 if args.workers is None else args.workers)
+        else:
+            shape = running.shape
+        if args.out:
+            path = write_export(kind, args.out, shape, **options)
+            print(f"Wrote {path} ({kind}, {shape.describe()}); see docs/export.md for how to run it.")
+        else:
+            print(export(kind, shape, **options))
 
     def _cluster_attach(self, args):
         import os
