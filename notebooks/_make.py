@@ -530,14 +530,8 @@ def train_here(backend):
     print(f"{backend}: final held-out loss {h.final_loss:.6f} after {len(h.global_steps)} updates; "
           f"{rate:.0f} worker steps/s")
 """),
-    md("## 1 · Local: every task a process on this machine"),
-    code("%tf_cluster start --ps 1 --workers 2 --no-spares"),
-    code("""
-train_here("local")
-%tf_cluster stop
-"""),
     md("""
-## 2 · SSH: tasks on other hosts, with your own ssh
+## 1 · SSH: tasks on other hosts, with your own ssh
 
 `--hosts` takes what your `ssh` understands (aliases from `~/.ssh/config`, `user@host`). Tasks are placed
 round-robin: `ps:0` on the first host, `worker:0` on the second, and so on. Each server is kept on its spec
@@ -577,6 +571,12 @@ if SSH_HOSTS:
 if SSH_HOSTS:
     train_here("ssh")
     %tf_cluster stop
+"""),
+    md("## 2 · Local: every task a process on this machine"),
+    code("%tf_cluster start --ps 1 --workers 2 --no-spares"),
+    code("""
+train_here("local")
+%tf_cluster stop
 """),
     md("""
 ## 3 · Spark: each task a barrier-mode Spark task
