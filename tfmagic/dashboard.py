@@ -18,7 +18,7 @@ import time
 from collections import deque
 
 from .dashdata import MAJOR, Mark, RollingRate, RunTrace, place_event
-from .procstats import cpu_percent, human_bytes, memory_of
+from .procstats import human_bytes
 
 MODE_COLORS = {"sync": "#1f77b4", "async": "#d62728"}
 MARK_COLORS = {
@@ -311,7 +311,8 @@ class Dashboard:
             defn = self.cluster.cluster_def
             for task, proc in list(self.cluster.procs.items()):
                 alive = proc.alive
-                mem = memory_of(proc.pid) if alive else None
+                # measured where the task runs (the task answers for remote launchers)
+                stats = (self.cluster.launcher.stats(proc) or {}) if alive else {}
                 slow = self.cluster.slowness.get(task)
                 rate = self.rates.rate(str(task), now)
                 if not alive:
@@ -326,10 +327,10 @@ class Dashboard:
                     [
                         str(task),
                         "running" if alive else f"exited ({proc.exit_code})",
-                        str(proc.pid),
-                        f"{cpu_percent(proc.pid):.0f}%" if alive else "-",
-                        human_bytes(mem["rss"]) if mem else "-",
-                        human_bytes(mem["pss"]) if mem else "-",
+                        str(proc.task_pid or "-"),
+                        "-" if stats.get("cpu_percent") is None else f"{stats['cpu_percent']:.0f}%",
+                        human_bytes(stats.get("rss")) if stats.get("rss") else "-",
+                        human_bytes(stats.get("pss")) if stats.get("pss") else "-",
                         f"x{slow:g}" if slow else "-",
                         doing,
                     ]
