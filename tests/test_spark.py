@@ -1,0 +1,561 @@
+"""The Spark backend against a real Spark: local mode, and a standalone master and
+worker started here on 127.0.0.1.
+
+One ``local[3]`` cluster (1 ps + 2 workers) is shared by the tests at the top
+of the module; the tests run in file order, and ``test_stop_...`` stops it.
+The tests after it start their own (smaller) Spark applications, one at a
+time: a Spark application with TensorFlow tasks costs about 2 GB and most of
+this machine's two cores while it starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import SHARED, assert_gone, poll_for, share
+
+try:
+    import pyspark  # noqa: F401
+
+    _NO_PYSPARK = None
+except ImportError:
+    _NO_PYSPARK = "needs pyspark: pip install 'tfmagic[spark]'"
+
+_NO_JAVA = (
+    None
+    if shutil.which("java")
+    or os.path.exists(os.path.join(os.environ.get("JAVA_HOME", "/nonexistent"), "bin", "java"))
+    else "needs Java 17+ for Spark (apt-get install default-jre-headless)"
+)
+_skip = pytest.mark.skipif(bool(_NO_PYSPARK or _NO_JAVA), reason=_NO_PYSPARK or _NO_JAVA or "")
+
+
+def needs_spark(test):
+    """A test that starts a real Spark application and TensorFlow task processes."""
+    return pytest.mark.cluster(_skip(test))
+
+
+def _get_json(url: str, timeout: float = 10.0):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return json.load(r)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _my_task_processes() -> set[int]:
+    """tfmagic task processes below this test process (Spark's JVM and workers included).
+
+    Not ``conftest.no_leaks``: that one counts every task process on the
+    machine, and other people's clusters come and go on a shared machine.
+    """
+    found = set()
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if "tfmagic.task_main" in child.cmdline():
+                found.add(child.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+@pytest.fixture
+def no_spark_leaks():
+    """Fail a test that leaves task processes of its own behind (shared fixtures excepted)."""
+    before = _my_task_processes()
+    yield
+    shared = set().union(*(f() for f in SHARED)) if SHARED else set()
+    try:
+        poll_for(lambda: not (_my_task_processes() - before - shared), 15, what="this test's tasks to end")
+    except AssertionError:
+        left = _my_task_processes() - before - shared
+        for pid in left:  # ours (descendants of this process): clean up so one failure does not cascade
+            try:
+                psutil.Process(pid).kill()
+            except psutil.NoSuchProcess:
+                pass
+        raise AssertionError(f"test left task processes behind: {sorted(left)}")
+
+
+# -- fast tests: no Spark, no TensorFlow -------------------------------------------------
+
+
+@pytest.mark.unit
+def test_import_does_not_import_pyspark():
+    code = "import sys, tfmagic, tfmagic.launchers.spark; assert 'pyspark' not in sys.modules, 'imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+@pytest.mark.unit
+def test_missing_pyspark_says_what_to_install(monkeypatch):
+    from tfmagic.errors import ClusterStartError
+    from tfmagic.launchers import spark
+
+    monkeypatch.setitem(sys.modules, "pyspark", None)
+    with pytest.raises(ClusterStartError, match=r"pip install 'tfmagic\[spark\]'"):
+        spark._import_pyspark()
+
+
+@pytest.mark.unit
+def test_too_few_local_slots_fail_before_spark_starts():
+    from tfmagic.errors import ClusterStartError
+    from tfmagic.launchers.spark import SparkCluster
+
+    cluster = SparkCluster("local[2]", ps=1, workers=2)
+    with pytest.raises(ClusterStartError, match=r"local\[2\] has 2 task slots.*use master='local\[3\]'"):
+        cluster.start()
+    assert cluster.launcher._ctx is None  # no JVM was started for nothing
+
+
+@pytest.mark.unit
+def test_handshake_admits_only_the_secret_and_each_slot_once(tmp_path):
+    """The listener's authentication, without Spark: the relay's own client code."""
+    from tfmagic.launchers import spark_task
+    from tfmagic.launchers.spark import SparkLauncher, _Batch, _Slot
+
+    launcher = SparkLauncher("local[1]")
+    host, port = launcher._listen()
+    batch = _Batch(id="b1", group="g", description="d", barrier=True)
+    batch.slots = [_Slot(batch, 0, str(tmp_path / "worker-0.log"))]
+    launcher._batches["b1"] = batch
+    good = {"host": host, "port": port, "secret": launcher._secret.hex(), "batch": "b1"}
+    hello = {"batch": "b1", "slot": 0, "relay_pid": 1234, "channel": "control"}
+    try:
+        # Wrong secret: the driver hangs up without a word and logs the stranger.
+        with pytest.raises(ConnectionError):
+            spark_task.connect({**good, "secret": os.urandom(32).hex()}, hello)
+        poll_for(lambda: len(launcher.refused) == 1, 5, what="the refusal to be recorded")
+        assert "secret" in launcher.refused[0][2]
+        # The right secret: admitted, and the driver proved it holds the secret too.
+        sock, answer = spark_task.connect(good, hello)
+        assert answer["ok"], answer
+        # A second relay for the same slot (a retried Spark attempt) is turned away.
+        sock2, answer2 = spark_task.connect(good, hello)
+        assert not answer2["ok"] and "served already" in answer2["why"]
+        # A relay that cannot check the driver's proof gives up (an impostor driver).
+        impostor = socket.socket()
+        impostor.bind(("127.0.0.1", 0))
+        impostor.listen(1)
+
+        def fake_driver():
+            conn, _ = impostor.accept()
+            conn.sendall(spark_task.GREETING + b" " + os.urandom(32).hex().encode() + b"\n")
+            spark_task.read_line(conn)
+            conn.sendall(b"0" * 64 + b"\n")
+            time.sleep(0.5)
+            conn.close()
+
+        threading.Thread(target=fake_driver, daemon=True).start()
+        with pytest.raises(ConnectionError, match="could not prove"):
+            spark_task.connect({**good, "port": impostor.getsockname()[1]}, hello)
+        impostor.close()
+        for s in (sock, sock2):
+            s.close()
+    finally:
+        launcher.close()
+
+
+# -- a shared local[3] cluster ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def spark_cluster():
+    if _NO_PYSPARK or _NO_JAVA:
+        pytest.skip(_NO_PYSPARK or _NO_JAVA)
+    from tfmagic.launchers.spark import SparkCluster
+
+    cluster = SparkCluster("local[3]", ps=1, workers=2, name="spark")
+    t0 = time.monotonic()
+    cluster.start()
+    print(f"\nlocal[3], 1 ps + 2 workers, answering after {time.monotonic() - t0:.1f} s")
+    handle = share(cluster)
+    yield cluster
+    SHARED.remove(handle)
+    pids = [p.task_pid for p in cluster.procs.values()]
+    cluster.close()
+    cluster.launcher.close()
+    assert_gone(pids)
+
+
+def _ancestors(pid: int) -> list[psutil.Process]:
+    return psutil.Process(pid).parents()
+
+
+@needs_spark
+def test_tasks_run_inside_spark_and_the_client_works(spark_cluster):
+    import tensorflow as tf
+
+    cluster = spark_cluster
+    jvm = cluster.launcher._ctx.jvm.pid
+    for task, proc in cluster.procs.items():
+        assert proc.state.value == "running", (task, proc.state)
+        assert proc.pid == proc.task_pid  # a real pid on this machine (local mode)
+        # task process <- relay (a pyspark worker) <- pyspark daemon <- Spark's JVM
+        assert jvm in [p.pid for p in _ancestors(proc.task_pid)], f"{task} is not under Spark's JVM"
+        assert cluster.address(task).startswith("127.0.0.1:")
+    cluster.connect()
+    with cluster.device("ps:0"):
+        w = tf.Variable(2.0)
+    with cluster.device("worker:1"):
+        y = w * 3.0 + 1.0
+    assert y.numpy() == 7.0
+    assert "/job:worker/replica:0/task:1" in y.device
+
+
+@needs_spark
+def test_status_and_logs(spark_cluster):
+    status = spark_cluster.status()
+    assert [r.task for r in status.tasks] == ["ps:0", "worker:0", "worker:1"]
+    for row in status.tasks:
+        assert row.state == "running"
+        assert row.host == "spark:127.0.0.1"  # the executor's address
+        assert row.pss and row.rss and row.pss < row.rss  # measured by the task itself
+        assert row.uptime_s and row.uptime_s > 0
+    assert any("authenticated" in note for note in status.notes)
+    log = spark_cluster.logs("worker:1", tail=None)
+    assert "started by a relay" in log
+    assert "takes the role worker:1" in log
+    assert "imported TensorFlow" in log  # the task's own stderr, carried back to this machine
+
+
+@needs_spark
+def test_spark_ui_shows_the_application_and_its_barrier_job(spark_cluster):
+    launcher = spark_cluster.launcher
+    sc = launcher.context
+    tracker = sc.statusTracker()
+    jobs = [tracker.getJobInfo(j) for j in tracker.getActiveJobsIds()]
+    assert [j.status for j in jobs] == ["RUNNING"]
+    stage = tracker.getStageInfo(list(jobs[0].stageIds)[0])
+    assert stage.numActiveTasks == 3 and stage.numTasks == 3
+    # The UI's REST API, on loopback like the rest of the driver.
+    assert launcher.ui_url.startswith("http://127.0.0.1:")
+    apps = _get_json(launcher.ui_url + "/api/v1/applications")
+    assert [a["name"] for a in apps] == ["tfmagic"]
+    ui_jobs = _get_json(f"{launcher.ui_url}/api/v1/applications/{apps[0]['id']}/jobs")
+    running = [j for j in ui_jobs if j["status"] == "RUNNING"]
+    assert len(running) == 1
+    assert running[0]["description"] == "tfmagic: ps:0, worker:0, worker:1 (barrier)"
+    assert running[0]["numActiveTasks"] == 3
+    # Nothing of the driver listens beyond loopback.
+    for conn in psutil.Process(launcher._ctx.jvm.pid).net_connections(kind="inet"):
+        if conn.status == psutil.CONN_LISTEN:
+            assert conn.laddr.ip in ("127.0.0.1", "::ffff:127.0.0.1"), conn
+
+
+@needs_spark
+def test_a_stranger_on_the_listener_cannot_run_code(spark_cluster, no_spark_leaks, tmp_path):
+    launcher = spark_cluster.launcher
+    address = launcher._listener.getsockname()
+    before = len(launcher.refused)
+    marker = tmp_path / "pwned"
+    op = {"op": "exec", "id": "x", "code": f"open({str(marker)!r}, 'w').write('ran')"}
+    attempts = [
+        json.dumps(op).encode() + b"\n",  # a task op, straight away
+        b"00" * 32 + b" " + b"ab" * 32 + b"\n" + json.dumps(op).encode() + b"\n",  # a made-up proof
+        b"GET / HTTP/1.0\r\n\r\n",
+        b"",  # says nothing and hangs up
+    ]
+    for payload in attempts:
+        with socket.create_connection(address, timeout=5) as s:
+            greeting = s.recv(200)
+            assert greeting.startswith(b"TFMAGIC-SPARK/1 ")
+            s.sendall(payload)
+            s.shutdown(socket.SHUT_WR)
+            try:
+                answer = s.recv(200)
+            except ConnectionResetError:  # hung up with our bytes unread
+                answer = b""
+            assert answer == b"", "the listener answered a stranger"
+    poll_for(lambda: len(launcher.refused) == before + len(attempts), 5, what="every stranger to be refused")
+    time.sleep(0.5)
+    assert not marker.exists()
+    # The tasks did not notice.
+    assert (
+        spark_cluster.procs[spark_cluster.check_task("worker:0")].request("ping", timeout=5)["event"]
+        == "pong"
+    )
+
+
+@needs_spark
+def test_slow_kill_and_restart(spark_cluster):
+    import tensorflow as tf
+
+    cluster = spark_cluster
+    cluster.connect()
+    with cluster.device("ps:0"):
+        v = tf.Variable(5.0)
+    cluster.slow("worker:1", 3)
+    row = next(r for r in cluster.status().tasks if r.task == "worker:1")
+    assert row.note == "slowed x3"
+    assert "running at 1/3 speed" in cluster.logs("worker:1", tail=5)
+    cluster.slow("worker:1", 1)
+
+    old = cluster.procs[cluster.check_task("worker:1")]
+    others = [p.task_pid for t, p in cluster.procs.items() if str(t) != "worker:1"]
+    address = cluster.address("worker:1")
+    t0 = time.monotonic()
+    cluster.kill("worker:1")
+    assert_gone([old.task_pid], timeout=10)
+    print(f"\nkill: gone in {time.monotonic() - t0:.2f} s")
+    assert all(psutil.pid_exists(p) for p in others)
+    assert [e.kind for e in cluster.events if e.task == "worker:1"][-1] == "kill"
+    # The barrier job lives on with the other two tasks.
+    tracker = cluster.launcher.context.statusTracker()
+    assert [tracker.getJobInfo(j).status for j in tracker.getActiveJobsIds()] == ["RUNNING"]
+
+    # A Spark stage cannot grow: the restarted task is a (one-task) Spark job of its own.
+    outcome = cluster.restart("worker:1")
+    print(f"restart: {outcome.seconds:.1f} s")
+    new = cluster.procs[cluster.check_task("worker:1")]
+    assert new.alive and new.task_pid != old.task_pid
+    assert cluster.address("worker:1") == address
+    ui = cluster.launcher.ui_url
+    app = _get_json(ui + "/api/v1/applications")[0]["id"]
+    running = sorted(
+        j["description"]
+        for j in _get_json(f"{ui}/api/v1/applications/{app}/jobs")
+        if j["status"] == "RUNNING"
+    )
+    assert running == ["tfmagic: ps:0, worker:0, worker:1 (barrier)", "tfmagic: worker:1 (restart)"]
+    with cluster.device("worker:1"):
+        assert (v + 1.0).numpy() == 6.0  # the ps kept its variable
+
+
+@needs_spark
+def test_training_engine_on_spark_tasks(spark_cluster):
+    import tfmagic
+
+    history = tfmagic.train(spark_cluster, mode="async", model="linear", steps=60, lr=0.05)
+    assert history.final_loss is not None
+    assert {r.task for r in history.records} >= {"worker:0", "worker:1"}
+    history = tfmagic.train(spark_cluster, mode="sync", model="linear", steps=20, lr=0.05)
+    assert history.final_loss is not None and history.final_loss == history.final_loss
+
+
+@needs_spark
+def test_stop_ends_every_task_and_the_spark_application(spark_cluster):
+    """Run last of the shared-cluster tests: it stops the shared cluster."""
+    cluster = spark_cluster
+    launcher = cluster.launcher
+    jvm = launcher._ctx.jvm.pid
+    ui = launcher.ui_url
+    tasks = [p.task_pid for p in cluster.procs.values()]
+    relays = [launcher._by_pid[p.pid].relay_pid for p in cluster.procs.values()]
+    t0 = time.monotonic()
+    cluster.stop()
+    assert_gone(tasks + relays, timeout=15)
+    print(f"\nstop: tasks gone after {time.monotonic() - t0:.2f} s")
+    assert_gone([jvm], timeout=30)  # the Spark application ended with the cluster
+    with pytest.raises(OSError):
+        urllib.request.urlopen(ui, timeout=2)
+    assert launcher._ctx is None and not launcher._batches
+
+
+@needs_spark
+def test_cancelled_spark_job_ends_the_cluster(no_spark_leaks):
+    """Killing the job in Spark (UI or API) ends every task, and the cluster says so."""
+    from tfmagic.launchers.spark import SparkCluster
+
+    cluster = SparkCluster("local[2]", ps=1, workers=1, name="cancelled")
+    cluster.start()
+    launcher = cluster.launcher
+    jvm = launcher._ctx.jvm.pid
+    try:
+        tasks = [p.task_pid for p in cluster.procs.values()]
+        group = next(iter(launcher._batches.values())).group
+        t0 = time.monotonic()
+        launcher.context.cancelJobGroup(group)
+        assert_gone(tasks, timeout=15)
+        print(f"\njob cancelled: tasks gone after {time.monotonic() - t0:.2f} s")
+        poll_for(
+            lambda: sorted(e.task for e in cluster.events if e.kind == "lost") == ["ps:0", "worker:0"],
+            10,
+            what="the cluster to report both tasks lost",
+        )
+        assert not any(p.alive for p in cluster.procs.values())
+    finally:
+        cluster.close()
+        launcher.close()
+    assert_gone([jvm], timeout=30)
+
+
+_DRIVER = textwrap.dedent(
+    """
+    import json, sys, time
+    from tfmagic.launchers.spark import SparkCluster
+    cluster = SparkCluster("local[2]", ps=1, workers=1, name="doomed")
+    cluster.start()
+    launcher = cluster.launcher
+    print(json.dumps({
+        "tasks": [p.task_pid for p in cluster.procs.values()],
+        "relays": [launcher._by_pid[p.pid].relay_pid for p in cluster.procs.values()],
+        "jvm": launcher._ctx.jvm.pid,
+    }), flush=True)
+    time.sleep(600)
+    """
+)
+
+
+@needs_spark
+def test_killed_driver_takes_every_task_with_it(no_spark_leaks, tmp_path):
+    script = tmp_path / "driver.py"
+    script.write_text(_DRIVER)
+    driver = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=open(tmp_path / "driver.err", "wb"),  # noqa: SIM115 - closed with the process
+        cwd=str(Path(__file__).resolve().parents[1]),
+    )
+    info: dict = {}
+    try:
+        line = driver.stdout.readline()
+        assert line, (tmp_path / "driver.err").read_text()[-3000:]
+        info = json.loads(line)
+        everything = info["tasks"] + info["relays"] + [info["jvm"]]
+        assert all(psutil.pid_exists(p) for p in everything)
+        t0 = time.monotonic()
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+        assert_gone(info["tasks"], timeout=10)
+        took = time.monotonic() - t0
+        print(f"\ndriver SIGKILLed: its TF tasks gone after {took:.2f} s")
+        assert_gone(info["relays"] + [info["jvm"]], timeout=20)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+        # Orphans are no longer below this process: end what the driver reported, by pid.
+        for pid in info.get("tasks", []) + info.get("relays", []) + [info.get("jvm")]:
+            try:
+                if pid and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    psutil.Process(pid).kill()
+            except psutil.NoSuchProcess:
+                pass
+
+
+# -- a standalone master and worker on 127.0.0.1 -------------------------------------------------
+
+
+class _Standalone:
+    """``spark-class`` Master and Worker processes, ended by their pids."""
+
+    def __init__(self, root: Path, cores: int = 3) -> None:
+        from pyspark.find_spark_home import _find_spark_home
+
+        spark_class = os.path.join(_find_spark_home(), "bin", "spark-class")
+        self.port, self.ui_port, worker_ui = _free_port(), _free_port(), _free_port()
+        self.url = f"spark://127.0.0.1:{self.port}"
+        env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_WORKER_DIR": str(root / "work")}
+        self.procs: list[subprocess.Popen] = []
+        self.logs = {name: root / f"{name}.log" for name in ("master", "worker")}
+        with open(self.logs["master"], "wb") as out:
+            self.procs.append(
+                subprocess.Popen(
+                    [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                     "--port", str(self.port), "--webui-port", str(self.ui_port)],
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env, start_new_session=True,
+                )
+            )  # fmt: skip
+        poll_for(lambda: self._state().get("status") == "ALIVE", 60, 0.2, what="the Spark master")
+        with open(self.logs["worker"], "wb") as out:
+            self.procs.append(
+                subprocess.Popen(
+                    [spark_class, "org.apache.spark.deploy.worker.Worker", self.url, "--host", "127.0.0.1",
+                     "--cores", str(cores), "--memory", "4g", "--webui-port", str(worker_ui),
+                     "--work-dir", str(root / "work")],
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env, start_new_session=True,
+                )
+            )  # fmt: skip
+        poll_for(
+            lambda: [w for w in self._state().get("workers", []) if w.get("state") == "ALIVE"],
+            60,
+            0.2,
+            what="the Spark worker to register",
+        )
+
+    def _state(self) -> dict:
+        try:
+            return _get_json(f"http://127.0.0.1:{self.ui_port}/json/", timeout=2)
+        except OSError:
+            return {}
+
+    def pids(self) -> list[int]:
+        found = []
+        for p in self.procs:
+            found.append(p.pid)
+            try:
+                found += [c.pid for c in psutil.Process(p.pid).children(recursive=True)]
+            except psutil.NoSuchProcess:
+                pass
+        return found
+
+    def close(self) -> None:
+        everything = self.pids()
+        for p in reversed(self.procs):  # the worker first: it ends its executors
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+        for pid in everything:  # anything the JVMs left behind
+            try:
+                psutil.Process(pid).kill()
+            except psutil.NoSuchProcess:
+                pass
+        assert_gone(everything, timeout=15)
+
+
+@needs_spark
+def test_standalone_master_and_worker(no_spark_leaks, tmp_path):
+    import tensorflow as tf
+
+    from tfmagic.launchers.spark import SparkCluster
+
+    standalone = _Standalone(tmp_path, cores=3)
+    try:
+        cluster = SparkCluster(standalone.url, ps=1, workers=2, name="standalone")
+        t0 = time.monotonic()
+        cluster.start()
+        print(f"\nstandalone, 1 ps + 2 workers, answering after {time.monotonic() - t0:.1f} s")
+        try:
+            apps = standalone._state()["activeapps"]
+            assert [a["name"] for a in apps] == ["tfmagic"] and apps[0]["cores"] == 3
+            executors = {p.pid for p in psutil.Process(standalone.procs[1].pid).children(recursive=True)}
+            for proc in cluster.procs.values():
+                assert proc.task_pid in executors  # under the worker's executor, not under this process
+            cluster.connect()
+            with cluster.device("ps:0"):
+                w = tf.Variable(4.0)
+            with cluster.device("worker:0"):
+                assert (w * 2.0).numpy() == 8.0
+            tasks = [p.task_pid for p in cluster.procs.values()]
+        finally:
+            cluster.close()
+            cluster.launcher.close()
+        assert_gone(tasks, timeout=15)
+        poll_for(
+            lambda: [a["name"] for a in standalone._state().get("completedapps", [])] == ["tfmagic"],
+            30,
+            what="the master to list the application as completed",
+        )
+    finally:
+        standalone.close()
