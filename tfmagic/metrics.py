@@ -209,6 +209,19 @@ class History:
             return None
         return (g[-1].time - g[0].time) / (len(g) - 1)
 
+    def median_step_time(self) -> float | None:
+        """Median wall time between global updates.
+
+        A stall of the whole machine (another program, a GC pause) lengthens
+        a few intervals: it moves the mean, hardly the median.
+        """
+        g = self.snapshot()[1]
+        if len(g) < 2:
+            return None
+        gaps = sorted(b.time - a.time for a, b in zip(g, g[1:]))
+        mid = len(gaps) // 2
+        return gaps[mid] if len(gaps) % 2 else (gaps[mid - 1] + gaps[mid]) / 2
+
     def as_dict(self) -> dict:
         recs, gsteps, events = self.snapshot()
         return {
