@@ -236,6 +236,21 @@ def test_status_and_logs(spark_cluster):
 
 
 @needs_spark
+def test_cells_run_inside_the_spark_tasks(spark_cluster):
+    """``%%tf_px``: code goes down the relayed channel and output streams back."""
+    from tfmagic.px import run_px
+
+    run = run_px(spark_cluster, "import os\nprint(job_name, task_index, flush=True)\nos.getppid()")
+    outcomes = run.wait(60)
+    launcher = spark_cluster.launcher
+    for task, proc in spark_cluster.procs.items():
+        outcome = outcomes[str(task)]
+        assert outcome.status == "ok", outcome
+        assert outcome.stdout == f"{task.job} {task.index}\n"
+        assert outcome.result == launcher._by_pid[proc.pid].relay_pid  # its parent is the relay
+
+
+@needs_spark
 def test_spark_ui_shows_the_application_and_its_barrier_job(spark_cluster):
     launcher = spark_cluster.launcher
     sc = launcher.context
@@ -276,11 +291,11 @@ def test_a_stranger_on_the_listener_cannot_run_code(spark_cluster, no_spark_leak
         with socket.create_connection(address, timeout=5) as s:
             greeting = s.recv(200)
             assert greeting.startswith(b"TFMAGIC-SPARK/1 ")
-            s.sendall(payload)
-            s.shutdown(socket.SHUT_WR)
             try:
+                s.sendall(payload)
+                s.shutdown(socket.SHUT_WR)
                 answer = s.recv(200)
-            except ConnectionResetError:  # hung up with our bytes unread
+            except OSError:  # the listener hung up first (with our bytes unread: a reset)
                 answer = b""
             assert answer == b"", "the listener answered a stranger"
     poll_for(lambda: len(launcher.refused) == before + len(attempts), 5, what="every stranger to be refused")

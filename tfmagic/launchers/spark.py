@@ -110,13 +110,11 @@ def _local_slots(master: str) -> int | None:
 def _spark_error_summary(exc: BaseException) -> str:
     """The line of a (long, Java) Spark error that says what went wrong."""
     text = str(exc)
+    if "SPARK-24819" in text or "BarrierJobSlotsNumberCheckFailed" in text:
+        return "the Spark cluster has fewer free task slots (cores) than this job has tasks"
     for line in text.splitlines():
-        line = line.strip()
-        if "SPARK-24819" in line or "Barrier execution mode does not allow" in line:
-            return line
-    for line in text.splitlines():
-        line = line.strip()
-        if line and not line.startswith(("at ", "\tat ", "Traceback", "File ")):
+        line = line.strip().lstrip(": ")
+        if line and not line.startswith(("at ", "Traceback", "File ")):
             return line[:500]
     return type(exc).__name__
 
@@ -730,7 +728,7 @@ class SparkLauncher(Launcher):
         return f"{self.host}:{self._listener.getsockname()[1] if self._listener else '?'}"
 
     def _hint(self, n: int, problem: str) -> str:
-        if "SPARK-24819" in problem or "more slots" in problem or "not enough free task slots" in problem:
+        if "task slots" in problem:
             return (
                 f"A barrier job needs {n} free task slots at once: give the master that many cores "
                 f"(local[{n}], or --cores on the workers)."
@@ -928,11 +926,4 @@ def SparkCluster(master: str = "local[3]", ps: int = 1, workers: int = 2, **kwar
     names = ("app_name", "conf", "python", "spark", "guard", "connect_timeout")
     launcher_kwargs = {k: kwargs.pop(k) for k in names if k in kwargs}
     launcher = SparkLauncher(master, **launcher_kwargs)
-    cluster = Cluster(ps, workers, launcher=launcher, spares=False, **kwargs)
-
-    def on_event(event) -> None:
-        if event.kind == "stop":
-            launcher.close()
-
-    cluster.listeners.append(on_event)
-    return cluster
+    return Cluster(ps, workers, launcher=launcher, spares=False, **kwargs)
