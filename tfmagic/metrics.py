@@ -190,8 +190,12 @@ class History:
         return out
 
     def loss_curve(self) -> list[tuple[int, float, float]]:
-        """(global step, seconds since start, loss) of every update."""
-        return [(g.step, g.time - self.started_at, g.loss) for g in self.snapshot()[1]]
+        """(global step, seconds since start, loss) of every update, in step order.
+
+        Async workers report their updates in batches, so updates arrive
+        out of step order; sorted here, a line through them never runs back.
+        """
+        return sorted((g.step, g.time - self.started_at, g.loss) for g in self.snapshot()[1])
 
     def updates_per_s(self) -> float:
         """Global updates per second of training (from its start to its last update)."""

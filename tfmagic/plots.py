@@ -33,11 +33,11 @@ def convergence_figure(histories: Sequence[History], title: str = "sync vs async
         curve = h.loss_curve()
         if not curve:
             continue
-        steps, secs, loss = zip(*curve)
         color = COLORS.get(h.mode, f"C{i}")
-        smooth = _smooth(list(loss), max(1, len(loss) // 50))
-        by_step.plot(steps, smooth, color=color, label=h.run)
-        by_time.plot(secs, smooth, color=color, label=h.run)
+        window = max(1, len(curve) // 50)
+        for ax, key in ((by_step, 0), (by_time, 1)):
+            points = sorted(curve, key=lambda p, key=key: p[key])
+            ax.plot([p[key] for p in points], _smooth([p[2] for p in points], window), color=color, label=h.run)
     for ax, xlabel in ((by_step, "global step"), (by_time, "seconds")):
         ax.set_xlabel(xlabel)
         ax.set_ylabel("training loss")
