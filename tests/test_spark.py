@@ -411,6 +411,24 @@ def test_cancelled_spark_job_ends_the_cluster(no_spark_leaks):
     assert_gone([jvm], timeout=30)
 
 
+@needs_spark
+def test_executors_without_tensorflow_are_explained(no_spark_leaks, tmp_path):
+    """The executors' Python lacks TensorFlow: the start fails with the task's log and what to do."""
+    from tfmagic.errors import ClusterStartError
+    from tfmagic.launchers.spark import SparkCluster
+
+    venv = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    cluster = SparkCluster("local[1]", ps=0, workers=1, python=python, name="bare")
+    with pytest.raises(ClusterStartError) as info:
+        cluster.start()
+    message = str(info.value)
+    assert f"install TensorFlow for {python}" in message, message
+    assert "No module named 'tensorflow'" in info.value.log_tail
+    assert cluster.launcher._ctx is None  # the failed start ended the Spark application
+
+
 _DRIVER = textwrap.dedent(
     """
     import json, sys, time

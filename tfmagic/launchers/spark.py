@@ -273,8 +273,11 @@ def _acquire_context(master: str, app_name: str, conf: dict[str, str], loopback:
                 spark_conf.set(key, value)
             jvm = None
             if SparkContext._gateway is None:
-                SparkContext._gateway, jvm = _launch_jvm(sorted(pairs.items()), env, log_path)
-                SparkContext._jvm = SparkContext._gateway.jvm
+                try:
+                    SparkContext._gateway, jvm = _launch_jvm(sorted(pairs.items()), env, log_path)
+                    SparkContext._jvm = SparkContext._gateway.jvm
+                except (ImportError, AttributeError) as exc:  # another pyspark's internals
+                    log.warning("starting Spark's JVM the pyspark way (%s)", exc)
             try:
                 sc = SparkContext(conf=spark_conf)
             except BaseException:
@@ -855,12 +858,12 @@ class SparkLauncher(Launcher):
     def diagnose(self, proc: TaskProcess, log_tail: str) -> str:
         slot = self._by_pid.get(proc.pid)
         where = f"{slot.hostname} ({slot.address})" if slot and slot.hostname else "the Spark executors"
-        if "No module named" in log_tail and "tfmagic" in log_tail:
+        if "No module named 'tfmagic" in log_tail:
             return (
                 f"install tfmagic and TensorFlow for {self.python} on every Spark executor host "
                 f"({where} here), or pass python= with the Python that has them"
             )
-        if "TensorFlow could not be imported" in log_tail or "No module named 'tensorflow'" in log_tail:
+        if "TensorFlow could not be imported" in log_tail or "No module named 'tensorflow" in log_tail:
             return f"install TensorFlow for {self.python} on {where}, or pass python= with the Python that has it"
         if slot is not None and slot.error:
             return slot.error

@@ -287,7 +287,6 @@ def relay_partition(config: dict[str, Any], iterator):
             slot, attempt = ctx.partitionId(), ctx.attemptNumber()
     except ImportError:  # pragma: no cover - always there inside a Spark worker
         pass
-    slot += int(config.get("first_slot", 0))
     error = None
     try:
         code = relay(config, slot, attempt)
