@@ -295,7 +295,7 @@ class SSHLauncher(Launcher):
     def diagnose(self, proc: TaskProcess, log_tail: str) -> str:
         """What to do about a task that did not come up, from its exit code and log."""
         dest = self._dest_of.get(proc.pid, "the host")
-        if "No module named" in log_tail and "tfmagic" in log_tail:
+        if "No module named tfmagic" in log_tail or "No module named 'tfmagic" in log_tail:
             return f"install tfmagic on {dest} for {self.python} (pip install tfmagic), or pass python=/its/python"
         if proc.exit_code == 127 or (self.python in log_tail and ("not found" in log_tail or "No such file" in log_tail)):
             return f"{self.python} is not on {dest}; pass python= (--python) with the Python that has TensorFlow"
