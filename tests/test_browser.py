@@ -108,6 +108,28 @@ def _browser():
     return pw, browser
 
 
+def _kernel_idle(page, base: str, token: str, timeout: float = 120) -> None:
+    """Wait until the notebook's kernel runs and is idle, as the server sees it.
+
+    On a busy machine the front end sometimes asks which kernel to start
+    (its list of kernels was not loaded yet when the page opened); a person
+    clicks Select, with Python 3 already chosen, and so does this.
+    """
+
+    def idle():
+        dialog = page.locator(".jp-Dialog", has_text="Select Kernel")
+        if dialog.count() and dialog.first.is_visible():
+            dialog.locator(".jp-mod-accept").first.click()
+        with urllib.request.urlopen(f"{base}/api/sessions?token={token}", timeout=5) as r:
+            sessions = json.load(r)
+        return any(
+            s.get("path", "").endswith("dash.ipynb") and (s.get("kernel") or {}).get("execution_state") == "idle"
+            for s in sessions
+        )
+
+    poll_for(idle, timeout, interval=0.5, what="the notebook's kernel to start and be idle")
+
+
 def _read_dashboard(page):
     img = page.locator(".tfmagic-dashboard img").first
     header = page.locator(".tfmagic-header").first
@@ -146,6 +168,7 @@ def test_dashboard_is_live_in_jupyterlab(server):
     try:
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.goto(f"{base}/lab/tree/dash.ipynb?reset&token={token}")
+        _kernel_idle(page, base, token)
         page.locator('.jp-StatusBar-TextItem[title^="Change kernel"]').filter(has_text="Idle").wait_for(timeout=120_000)
         page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
         page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()
@@ -179,6 +202,7 @@ def test_dashboard_is_live_in_notebook7(server):
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.goto(f"{base}/notebooks/dash.ipynb?token={token}")
         page.locator(".jp-Notebook").wait_for(timeout=120_000)
+        _kernel_idle(page, base, token)
         poll_for(lambda: "Idle" in (page.locator(".jp-Notebook-ExecutionIndicator").first.get_attribute("data-status") or "")
                  or page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").count() > 0, 120, what="kernel idle")
         page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
