@@ -28,8 +28,16 @@ pytestmark = [pytest.mark.browser, pytest.mark.cluster]
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "test-artifacts" / "browser"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 NOTEBOOK_CELLS = [
     "%load_ext tfmagic",
@@ -64,15 +72,33 @@ def server(tmp_path):
         d = tmp_path / name.lower()
         d.mkdir()
         env[name] = str(d)
-    settings = tmp_path / "jupyter_config_dir" / "lab" / "user-settings" / "@jupyterlab" / "apputils-extension"
+    settings = (
+        tmp_path / "jupyter_config_dir" / "lab" / "user-settings" / "@jupyterlab" / "apputils-extension"
+    )
     settings.mkdir(parents=True)
-    (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    (settings / "notification.jupyterlab-settings").write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False})
+    )
     env["JUPYTERLAB_SETTINGS_DIR"] = str(tmp_path / "jupyter_config_dir" / "lab" / "user-settings")
     log = open(tmp_path / "server.log", "w")  # noqa: SIM115
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyter", "lab", "--allow-root", "--no-browser", "--ServerApp.ip=127.0.0.1",
-         f"--port={port}", "--port-retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={work}"],
-        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "jupyter",
+            "lab",
+            "--allow-root",
+            "--no-browser",
+            "--ServerApp.ip=127.0.0.1",
+            f"--port={port}",
+            "--port-retries=0",
+            f"--IdentityProvider.token={token}",
+            f"--ServerApp.root_dir={work}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
     )
     base = f"http://127.0.0.1:{port}"
 
@@ -123,7 +149,8 @@ def _kernel_idle(page, base: str, token: str, timeout: float = 120) -> None:
         with urllib.request.urlopen(f"{base}/api/sessions?token={token}", timeout=5) as r:
             sessions = json.load(r)
         return any(
-            s.get("path", "").endswith("dash.ipynb") and (s.get("kernel") or {}).get("execution_state") == "idle"
+            s.get("path", "").endswith("dash.ipynb")
+            and (s.get("kernel") or {}).get("execution_state") == "idle"
             for s in sessions
         )
 
@@ -169,12 +196,16 @@ def test_dashboard_is_live_in_jupyterlab(server):
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.goto(f"{base}/lab/tree/dash.ipynb?reset&token={token}")
         _kernel_idle(page, base, token)
-        page.locator('.jp-StatusBar-TextItem[title^="Change kernel"]').filter(has_text="Idle").wait_for(timeout=120_000)
+        page.locator('.jp-StatusBar-TextItem[title^="Change kernel"]').filter(has_text="Idle").wait_for(
+            timeout=120_000
+        )
         page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
         page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()
         _check_live(page, "jupyterlab")
         # the slowed worker shows in the cluster table
-        poll_for(lambda: "x4" in page.locator(".tfmagic-cluster").first.inner_text(), 120, what="the slow mark")
+        poll_for(
+            lambda: "x4" in page.locator(".tfmagic-cluster").first.inner_text(), 120, what="the slow mark"
+        )
         page.locator(".tfmagic-dashboard").first.screenshot(path=str(ARTIFACTS / "jupyterlab-slowed.png"))
     finally:
         browser.close()
@@ -203,8 +234,15 @@ def test_dashboard_is_live_in_notebook7(server):
         page.goto(f"{base}/notebooks/dash.ipynb?token={token}")
         page.locator(".jp-Notebook").wait_for(timeout=120_000)
         _kernel_idle(page, base, token)
-        poll_for(lambda: "Idle" in (page.locator(".jp-Notebook-ExecutionIndicator").first.get_attribute("data-status") or "")
-                 or page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").count() > 0, 120, what="kernel idle")
+        poll_for(
+            lambda: (
+                "Idle"
+                in (page.locator(".jp-Notebook-ExecutionIndicator").first.get_attribute("data-status") or "")
+                or page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").count() > 0
+            ),
+            120,
+            what="kernel idle",
+        )
         page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
         page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()
         _check_live(page, "notebook7")

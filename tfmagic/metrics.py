@@ -8,6 +8,7 @@ plain Python so it can be tested and used without TensorFlow or widgets.
 
 from __future__ import annotations
 
+import bisect
 import threading
 import time
 from collections import defaultdict
@@ -109,9 +110,18 @@ class History:
         self._notify("step", record)
 
     def add_global(self, gstep: GlobalStep) -> None:
+        """Record an update; ``global_steps`` stays in step order.
+
+        Async workers report their updates in batches, so they arrive out of
+        order; kept sorted, ``global_steps[-1]`` is always the latest update.
+        """
         gstep.run = gstep.run or self.run
         with self._lock:
-            self.global_steps.append(gstep)
+            gs = self.global_steps
+            if not gs or gs[-1].step <= gstep.step:
+                gs.append(gstep)
+            else:
+                bisect.insort(gs, gstep, key=lambda g: g.step)
         self._notify("global", gstep)
 
     def add_event(
@@ -190,28 +200,24 @@ class History:
         return out
 
     def loss_curve(self) -> list[tuple[int, float, float]]:
-        """(global step, seconds since start, loss) of every update, in step order.
-
-        Async workers report their updates in batches, so updates arrive
-        out of step order; sorted here, a line through them never runs back.
-        """
-        return sorted((g.step, g.time - self.started_at, g.loss) for g in self.snapshot()[1])
+        """(global step, seconds since start, loss) of every update, in step order."""
+        return [(g.step, g.time - self.started_at, g.loss) for g in self.snapshot()[1]]
 
     def updates_per_s(self) -> float:
         """Global updates per second of training (from its start to its last update)."""
         g = self.snapshot()[1]
         if not g:
             return 0.0
-        return len(g) / max(g[-1].time - self.started_at, 1e-9)
+        return len(g) / max(max(x.time for x in g) - self.started_at, 1e-9)
 
     def mean_step_time(self, last: int | None = None) -> float | None:
         """Mean wall time between global updates (the last ``last`` of them)."""
-        g = self.snapshot()[1]
+        times = sorted(x.time for x in self.snapshot()[1])
         if last:
-            g = g[-(last + 1) :]
-        if len(g) < 2:
+            times = times[-(last + 1) :]
+        if len(times) < 2:
             return None
-        return (g[-1].time - g[0].time) / (len(g) - 1)
+        return (times[-1] - times[0]) / (len(times) - 1)
 
     def median_step_time(self) -> float | None:
         """Median wall time between global updates.
@@ -219,10 +225,10 @@ class History:
         A stall of the whole machine (another program, a GC pause) lengthens
         a few intervals: it moves the mean, hardly the median.
         """
-        g = self.snapshot()[1]
-        if len(g) < 2:
+        times = sorted(x.time for x in self.snapshot()[1])
+        if len(times) < 2:
             return None
-        gaps = sorted(b.time - a.time for a, b in zip(g, g[1:]))
+        gaps = sorted(b - a for a, b in zip(times, times[1:]))
         mid = len(gaps) // 2
         return gaps[mid] if len(gaps) % 2 else (gaps[mid - 1] + gaps[mid]) / 2
 

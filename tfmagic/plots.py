@@ -37,7 +37,9 @@ def convergence_figure(histories: Sequence[History], title: str = "sync vs async
         window = max(1, len(curve) // 50)
         for ax, key in ((by_step, 0), (by_time, 1)):
             points = sorted(curve, key=lambda p, key=key: p[key])
-            ax.plot([p[key] for p in points], _smooth([p[2] for p in points], window), color=color, label=h.run)
+            ax.plot(
+                [p[key] for p in points], _smooth([p[2] for p in points], window), color=color, label=h.run
+            )
     for ax, xlabel in ((by_step, "global step"), (by_time, "seconds")):
         ax.set_xlabel(xlabel)
         ax.set_ylabel("training loss")

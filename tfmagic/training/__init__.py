@@ -133,7 +133,7 @@ class Comparison:
         rows = ["run     updates  seconds  updates/s  examples/s  held-out loss  accuracy"]
         for h in self.histories:
             tp = h.throughput().get("total", {})
-            secs = h.global_steps[-1].time - h.started_at if h.global_steps else 0.0
+            secs = max(g.time for g in h.global_steps) - h.started_at if h.global_steps else 0.0
             acc = "-" if h.final_accuracy is None else f"{h.final_accuracy:.3f}"
             loss = "-" if h.final_loss is None else f"{h.final_loss:.4f}"
             rows.append(

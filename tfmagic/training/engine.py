@@ -407,7 +407,11 @@ class TrainingRun:
             ys = tf.identity(tf.convert_to_tensor(y))
             counter = tf.Variable(0, dtype=tf.int64, name=f"local_step_{w.index}")
             # async: (local step, loss, read step, new step) of the last RING steps, on the worker
-            ring = tf.Variable(tf.fill([RING, 4], tf.constant(-1.0, tf.float64)), name=f"ring_{w.index}") if self.mode == "async" else None
+            ring = (
+                tf.Variable(tf.fill([RING, 4], tf.constant(-1.0, tf.float64)), name=f"ring_{w.index}")
+                if self.mode == "async"
+                else None
+            )
 
         def take(k):
             idx = (k * batch + tf.range(batch, dtype=tf.int64)) % n
@@ -439,7 +443,12 @@ class TrainingRun:
                 with tf.control_dependencies(opt.apply(grads, variables, active)):
                     new = tf.where(active, new, tf.constant(SKIPPED, tf.int64))
                 row = tf.stack(
-                    [tf.cast(k, tf.float64), tf.cast(loss, tf.float64), tf.cast(read, tf.float64), tf.cast(new, tf.float64)]
+                    [
+                        tf.cast(k, tf.float64),
+                        tf.cast(loss, tf.float64),
+                        tf.cast(read, tf.float64),
+                        tf.cast(new, tf.float64),
+                    ]
                 )
                 # the row stays on the worker until _flush_async reads the ring
                 ring.scatter_nd_update([[k % RING]], [row])
@@ -626,7 +635,7 @@ class TrainingRun:
         if not pending:
             return
         rows = None
-        for attempt in range(5 if final else 1):
+        for _attempt in range(5 if final else 1):
             try:
                 with client.gate.call():
                     rows = w.ring.numpy()
@@ -647,8 +656,8 @@ class TrainingRun:
         if fresh:
             w.seen_k = int(fresh[-1][0])
         # each successful call wrote one row, in order: pair the newest rows with the calls
-        fresh = fresh[-len(pending):]
-        for (t0, t1, _), (k, loss, read, new) in zip(pending[-len(fresh):] if fresh else [], fresh):
+        fresh = fresh[-len(pending) :]
+        for (t0, t1, _), (k, loss, read, new) in zip(pending[-len(fresh) :] if fresh else [], fresh):
             local = int(k)
             new = int(new)
             if new == SKIPPED:  # came after the last update: nothing was applied
@@ -828,7 +837,9 @@ class TrainingRun:
         procs = self.cluster.procs
         if not all(procs[t].alive for t in self._ps_tasks() if t in procs):
             return
-        via = next((w.task.device for w in self._workers.values() if not w.lost and procs[w.task].alive), None)
+        via = next(
+            (w.task.device for w in self._workers.values() if not w.lost and procs[w.task].alive), None
+        )
         try:
             weights, slots, step = self._snapshot(via)
         except Exception:  # noqa: BLE001 - a lost ps; reported by the step that sees it
