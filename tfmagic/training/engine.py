@@ -47,7 +47,7 @@ MODES = ("sync", "async")
 #: async: how many steps' numbers are fetched from a worker in one round trip,
 #: out of a ring buffer of RING rows kept on the worker
 FETCH_EVERY = 8
-RING = 64
+RING = 512
 #: async: the step number in the ring of a call that came after the last update (nothing applied)
 SKIPPED = 0
 
@@ -223,7 +223,6 @@ class TrainingRun:
         self._workers: dict[TaskName, _Worker] = {}
         self._last_checkpoint_step = -1
         self._writer = None
-        self._done_calls = 0
 
     # -- control -------------------------------------------------------------
     def start(self) -> TrainingRun:
@@ -271,7 +270,6 @@ class TrainingRun:
         self.initial_weights = [data[f"w{i}"] for i in range(int(data["n_weights"]))]
         self._slot_values = [data[f"s{i}"] for i in range(int(data["n_slots"]))]
         self._start_step = int(data["step"])
-        self._done_calls = 0
         self.error = None
         self._fatal = None
         self._stop.clear()
@@ -577,6 +575,7 @@ class TrainingRun:
                 daemon=True,
             )
             w.thread.start()
+        last_check = time.monotonic()
         while not self._stop.is_set():
             time.sleep(0.1)
             if all(w.lost for w in self._workers.values()):
@@ -586,18 +585,27 @@ class TrainingRun:
                     )
                 )
             self._checkpoint()
+            if time.monotonic() - last_check > 0.5:
+                # the workers' rows end the run; this also does if none of them can be read
+                last_check = time.monotonic()
+                step = self._read_global_step()
+                if step is not None and step >= self.steps:
+                    self._stop.set()
+        for w in self._workers.values():  # their last rows, before the weights are read
+            if w.thread is not None:
+                w.thread.join(30)
 
     def _async_worker(self, w: _Worker) -> None:
         """Step as fast as this worker can; fetch the steps' numbers in batches.
 
-        With a synchronous executor a call returns once the step ran on the
-        worker, which gives its end time; the step's (loss, read step, new
-        step) go into a small ring buffer on the worker, read for several
+        With a synchronous executor a call returns once the worker answered,
+        which gives the step's end time; the step's (local step, loss, read
+        step, new step) go into a ring buffer on the worker, read for several
         steps at once: one round trip saved per step.
         """
         import tensorflow as tf
 
-        pending: list[tuple[float, float, int]] = []
+        pending: list[tuple[float, float]] = []
         last_flush = time.monotonic()
         while not self._stop.is_set():
             if (w.lost or w.rebuild) and not self._wait_rejoin(w):
@@ -611,31 +619,34 @@ class TrainingRun:
                 self._flush_async(w, pending)
                 self._handle_error(w, exc)
                 continue
-            pending.append((t0, time.time(), w.local_step))
+            pending.append((t0, time.time()))
             w.local_step += 1
             w.errors = 0
-            with self._cond:
-                self._done_calls += 1
-                # every call took a step number (or came after the last one)
-                if self._done_calls >= self.steps - self._start_step:
-                    self._stop.set()
             if len(pending) >= FETCH_EVERY or time.monotonic() - last_flush > 0.1:
                 self._flush_async(w, pending)
                 last_flush = time.monotonic()
         self._flush_async(w, pending, final=True)
 
     def _flush_async(self, w: _Worker, pending: list, final: bool = False) -> None:
-        """Turn the ring's new rows into records, paired with the calls in ``pending``.
+        """Turn the ring's new rows into records; the run ends when a row shows the last update.
+
+        The rows, written on the worker, are what happened: a call that
+        returned here may still have failed there (TensorFlow reports a
+        remote function's failure on a later op, e.g. while a restarted ps
+        is not reachable yet), and a call that raised here may have run.
+        So every new row is recorded, and none is made up for a call
+        without one; ``pending`` (start and end time of the calls seen to
+        succeed here) only gives the rows their times, newest with newest.
 
         A read can fail for a while after the cluster changed under the
-        connection (a restarted ps: "remote address ... poisoned"); the rows
-        stay in the ring, so the calls are kept and the next flush gets them
+        connection; the rows stay in the ring, so the next flush gets them
         (the last flush of a run tries a few times).
         """
-        if not pending:
+        if not pending and not final:
             return
         rows = None
-        for _attempt in range(5 if final else 1):
+        alive = self.cluster.procs[w.task].alive
+        for _attempt in range(5 if final and alive else 1 if alive else 0):
             try:
                 with client.gate.call():
                     rows = w.ring.numpy()
@@ -655,10 +666,11 @@ class TrainingRun:
         fresh = sorted((r for r in rows if r[0] > w.seen_k), key=lambda r: r[0])
         if fresh:
             w.seen_k = int(fresh[-1][0])
-        # each successful call wrote one row, in order: pair the newest rows with the calls
-        fresh = fresh[-len(pending) :]
-        for (t0, t1, _), (k, loss, read, new) in zip(pending[-len(fresh) :] if fresh else [], fresh):
-            local = int(k)
+        times = pending[-len(fresh) :] if fresh else []
+        # rows without a call seen here (it raised here, yet ran there) take the earliest time known
+        first = times[0] if times else (time.time(), time.time())
+        times = [first] * (len(fresh) - len(times)) + times
+        for (t0, t1), (k, loss, read, new) in zip(times, fresh):
             new = int(new)
             if new == SKIPPED:  # came after the last update: nothing was applied
                 self._stop.set()
@@ -671,13 +683,15 @@ class TrainingRun:
                     t1,
                     float(loss),
                     mode="async",
-                    local_step=local,
+                    local_step=int(k),
                     staleness=max(0, new - 1 - int(read)),
                     examples=self.batch_size,
                     update=new,
                 )
             )
             self.history.add_global(GlobalStep(new, t1, float(loss), aggregated=(str(w.task),)))
+            if new >= self.steps:
+                self._stop.set()  # the last update: done
         pending.clear()
 
     # -- sync ----------------------------------------------------------------
@@ -873,6 +887,23 @@ class TrainingRun:
                 values = [c.numpy() for c in copies]
         n = len(self.variables)
         return values[:n], values[n:-1], int(values[-1])
+
+    def _read_global_step(self) -> int | None:
+        """The global step as the ps holds it, read through a live worker (None if it cannot be read)."""
+        import tensorflow as tf
+
+        procs = self.cluster.procs
+        via = next(
+            (w.task.device for w in self._workers.values() if not w.lost and procs[w.task].alive), None
+        )
+        if via is None:
+            return None
+        try:
+            with client.gate.call(), tf.device(via):
+                return int(tf.identity(self.global_step).numpy())
+        except Exception:  # noqa: BLE001 - a task coming or going; the next check will tell
+            _clear_executor()
+            return None
 
     def weights(self) -> list[np.ndarray]:
         """The current weights, read from the ps tasks."""
