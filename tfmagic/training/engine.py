@@ -86,6 +86,19 @@ def _clear_executor(ex=None) -> None:
         pass
 
 
+#: Every tf.function the engine made, kept for the life of the process.
+#: Dropping one makes TensorFlow remove it from every task; after a task was
+#: restarted that removal can fail ("Tried to remove non-existent function")
+#: on a stream other calls share, and the error lands on the next call to
+#: that task, often another run's.  Kept, a run's functions cost about 2 MB.
+_FUNCTIONS: list = []
+
+
+def _kept(fn):
+    _FUNCTIONS.append(fn)
+    return fn
+
+
 def _with_own_executor(fn):
     def run(*args):
         with _own_executor():
@@ -464,7 +477,7 @@ class TrainingRun:
                 grads = tape.gradient(loss, variables)
                 return tf.stack([tf.cast(loss, tf.float64), tf.cast(k, tf.float64)]), grads
 
-        w.fn, w.counter, w.tensors, w.ring, w.seen_k = step, counter, [xs, ys], ring, -1
+        w.fn, w.counter, w.tensors, w.ring, w.seen_k = _kept(step), counter, [xs, ys], ring, -1
         w.rebuild = False
         w.errors = 0
 
@@ -481,7 +494,7 @@ class TrainingRun:
             with tf.control_dependencies(updates):
                 return gstep.assign_add(1)
 
-        return apply
+        return _kept(apply)
 
     # -- events and failures ---------------------------------------------------
     def _on_cluster_event(self, event) -> None:
@@ -575,7 +588,7 @@ class TrainingRun:
                 daemon=True,
             )
             w.thread.start()
-        last_check = time.monotonic()
+        last_check, seen = time.monotonic(), -1
         while not self._stop.is_set():
             time.sleep(0.1)
             if all(w.lost for w in self._workers.values()):
@@ -585,8 +598,10 @@ class TrainingRun:
                     )
                 )
             self._checkpoint()
-            if time.monotonic() - last_check > 0.5:
-                # the workers' rows end the run; this also does if none of them can be read
+            if self.history.steps != seen:
+                seen, last_check = self.history.steps, time.monotonic()
+            elif time.monotonic() - last_check > 2.0:
+                # the workers' rows end the run; if none could be read for a while, the ps says
                 last_check = time.monotonic()
                 step = self._read_global_step()
                 if step is not None and step >= self.steps:
@@ -848,15 +863,10 @@ class TrainingRun:
         step = self._step_now()
         if not force and step - max(self._last_checkpoint_step, self._start_step) < self.checkpoint_every:
             return
-        procs = self.cluster.procs
-        if not all(procs[t].alive for t in self._ps_tasks() if t in procs):
-            return
-        via = next(
-            (w.task.device for w in self._workers.values() if not w.lost and procs[w.task].alive), None
-        )
         try:
-            weights, slots, step = self._snapshot(via)
+            weights, slots, step = self._snapshot()
         except Exception:  # noqa: BLE001 - a lost ps; reported by the step that sees it
+            _clear_executor()
             return
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         path = self.checkpoint_dir / f"{self.name}.npz"
@@ -867,40 +877,35 @@ class TrainingRun:
         self._last_checkpoint_step = step
         self.history.checkpoint = str(path)
 
-    def _snapshot(self, via: str | None):
-        """Copy weights, optimizer slots and the global step to the client.
+    def _ps_alive(self) -> bool:
+        """Whether every ps task runs: a read of a ps that died fails once, then waits for it forever.
 
-        The copy is made on a live worker (``via``), not read from the ps
-        directly: a worker's request to a ps that died fails at once, while
-        the client's own read of a dead ps waits, and would hang the run
-        instead of reporting the lost ps.
+        Measured here: this process's first read after a ps died raises
+        UnavailableError, the next ones wait for it to come back; a read
+        made through a worker waits at once.  So the ps is read only while
+        it runs, directly from here.
         """
-        import tensorflow as tf
+        procs = self.cluster.procs
+        return all(procs[t].alive for t in self._ps_tasks() if t in procs) and self._fatal is None
 
+    def _snapshot(self):
+        """Weights, optimizer slots and the global step, read from the ps."""
+        if not self._ps_alive():
+            raise TrainingError("a ps task is not running")
         tensors = [*self.variables, *self.optimizer.slots, self.global_step]
         with client.gate.call():
-            if via is None:
-                values = [t.numpy() for t in tensors]
-            else:
-                with tf.device(via):
-                    copies = [tf.identity(t) for t in tensors]
-                values = [c.numpy() for c in copies]
+            values = [t.numpy() for t in tensors]
         n = len(self.variables)
-        return values[:n], values[n:-1], int(values[-1])
+        # async calls after the last update still count the step up (and change nothing)
+        return values[:n], values[n:-1], min(int(values[-1]), self.steps)
 
     def _read_global_step(self) -> int | None:
-        """The global step as the ps holds it, read through a live worker (None if it cannot be read)."""
-        import tensorflow as tf
-
-        procs = self.cluster.procs
-        via = next(
-            (w.task.device for w in self._workers.values() if not w.lost and procs[w.task].alive), None
-        )
-        if via is None:
+        """The global step as the ps holds it (None if it cannot be read now)."""
+        if not self._ps_alive():
             return None
         try:
-            with client.gate.call(), tf.device(via):
-                return int(tf.identity(self.global_step).numpy())
+            with client.gate.call():
+                return int(self.global_step.numpy())
         except Exception:  # noqa: BLE001 - a task coming or going; the next check will tell
             _clear_executor()
             return None
