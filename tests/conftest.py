@@ -34,12 +34,33 @@ def poll_for(
         time.sleep(interval)
 
 
+#: Marks every process this test run starts (tasks inherit it through kernels
+#: and launchers), so the leak check sees this run's tasks, also once orphaned
+#: and re-parented, and never another run's on the same machine.
+RUN_MARK = f"{os.getpid()}-{time.time_ns()}"
+os.environ["TFMAGIC_TEST_RUN"] = RUN_MARK
+
+
+def _ours(proc: psutil.Process) -> bool:
+    try:
+        if os.getpid() in {p.pid for p in proc.parents()}:
+            return True
+        return proc.environ().get("TFMAGIC_TEST_RUN") == RUN_MARK
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+
+
 def task_processes() -> dict[int, str]:
-    """Every tfmagic task process on this machine: pid -> command line."""
+    """This test run's tfmagic task processes: pid -> command line.
+
+    A task is this run's if it descends from this process (local tasks,
+    kernels' tasks, tasks under the tests' own sshd and Spark) or carries
+    :data:`RUN_MARK` (an orphan whose parent died).
+    """
     found = {}
     for proc in psutil.process_iter(["pid", "cmdline"]):
         cmd = proc.info.get("cmdline") or []
-        if "tfmagic.task_main" in cmd:
+        if "tfmagic.task_main" in cmd and _ours(proc):
             found[proc.info["pid"]] = " ".join(cmd)
     return found
 

@@ -126,10 +126,22 @@ def test_servers_listen_only_on_their_spec_address(ssh_cluster, ns_hosts):
     assert out.stdout.split() == ["open", "closed"], out.stdout + out.stderr
 
 
-def test_training_runs_on_ssh_tasks(ssh_cluster):
-    h = tfmagic.train(ssh_cluster, mode="sync", model="linear", steps=40, batch_size=16, lr=0.1)
+def test_training_runs_on_ssh_tasks(ssh_cluster, local_cluster):
+    """The same run on local tasks, SSH tasks and local again, in one client process.
+
+    Switching the client between a local cluster (tasks reach it at
+    ``localhost``) and an SSH one (at its address on the hosts' network)
+    once failed with TensorFlow's "remote address ... poisoned"; each run
+    must give the same loss (sync, same seed and data).
+    """
+    kw = dict(mode="sync", model="linear", steps=40, batch_size=16, lr=0.1, seed=0)
+    first = tfmagic.train(local_cluster, **kw)
+    h = tfmagic.train(ssh_cluster, **kw)
+    again = tfmagic.train(local_cluster, **kw)
     assert {r.task for r in h.records} == {"worker:0", "worker:1"}
     assert h.final_loss is not None and h.final_loss < 50
+    assert h.final_loss == pytest.approx(first.final_loss, rel=1e-5)
+    assert again.final_loss == pytest.approx(first.final_loss, rel=1e-5)
 
 
 def test_slow_kill_restart_on_a_remote_task(ssh_cluster):
@@ -202,7 +214,7 @@ def test_remote_tasks_die_when_their_owner_is_killed(loop_host, no_leaks):
             owner.wait()
 
 
-def test_tunnel_mode_keeps_servers_on_each_hosts_loopback(ns_hosts, no_leaks):
+def test_tunnel_mode_keeps_servers_on_each_hosts_loopback(ns_hosts, local_cluster, no_leaks):
     import tensorflow as tf
 
     from tfmagic import owner
@@ -233,6 +245,18 @@ def test_tunnel_mode_keeps_servers_on_each_hosts_loopback(ns_hosts, no_leaks):
             assert float((v * tf.constant(3.0)).numpy()) == 6.0
         h = tfmagic.train(cluster, mode="async", model="linear", steps=30, batch_size=8, lr=0.05)
         assert len(h.records) >= 30
+        # TF keeps the client server the tunnels lead to until the process ends, so after
+        # serving another cluster the client cannot come back on that port: one line says so
+        local_cluster.connect()
+        from tfmagic.client import ClientPortTaken
+
+        with pytest.raises(ClientPortTaken, match=r"Stop this cluster and start it again"):
+            cluster.connect()
+        cluster.stop()
+        cluster.start()  # a new port, new tunnels
+        cluster.connect()
+        with cluster.device("worker:0"):
+            assert float((tf.constant(2.0) * 3.0).numpy()) == 6.0
     finally:
         pids = [p.task_pid for p in cluster.procs.values()]
         cluster.close()

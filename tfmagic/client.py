@@ -9,13 +9,19 @@ find a context_id`` until the client connects again).
 from __future__ import annotations
 
 import contextlib
+import socket
 import sys
 import threading
 from collections.abc import Iterator
 
+from .errors import TfmagicError
 from .spec import ClusterDef, TaskName
 
 _lock = threading.RLock()
+
+
+class ClientPortTaken(TfmagicError):
+    """The client port a tunnel forwards to is held by an older TensorFlow client server."""
 
 
 class _Gate:
@@ -63,6 +69,50 @@ class _Gate:
 gate = _Gate()
 _connected: tuple[int, tuple] | None = None  # (cluster id, frozen spec)
 _generation = 0
+
+
+#: A client address a launcher asked for -> the one TensorFlow serves on.
+_served: dict[str, str] = {}
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _serving_address(requested: str, same_def: bool, fixed_port: bool = False) -> str:
+    """Where this process will serve as the client for ``requested``.
+
+    TensorFlow starts a new gRPC server whenever the cluster definition
+    changes and never shuts the old ones down (measured here: connecting
+    to an SSH cluster, then a local one, then the SSH one again failed with
+    "Could not start gRPC server": the first server still held the port the
+    launcher asks for each time).  An unchanged definition (a reconnection
+    after a task restart) keeps TF's server, so it keeps its address; a
+    changed one gets a free port on the same host when the asked one is
+    taken.
+    """
+    actual = _served.get(requested, requested)
+    if same_def:
+        return actual
+    host, _, port = actual.rpartition(":")
+    if _port_free(host, int(port)):
+        return actual
+    if fixed_port:
+        raise ClientPortTaken(
+            f"this process already served as another cluster's client on port {port} (TensorFlow keeps "
+            "its client servers until the process ends), and this cluster's SSH tunnels lead to that port. "
+            "Stop this cluster and start it again (%tf_cluster stop, then start): it picks a new port."
+        )
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        fresh = f"{host}:{probe.getsockname()[1]}"
+    _served[requested] = fresh
+    return fresh
 
 
 def _frozen(defn: ClusterDef) -> tuple:
@@ -118,7 +168,12 @@ def _install_quiet_hook() -> None:
 
 
 def connect(
-    owner_id: int, defn: ClusterDef, *, force: bool = False, client_address: str | None = None
+    owner_id: int,
+    defn: ClusterDef,
+    *,
+    force: bool = False,
+    client_address: str | None = None,
+    fixed_port: bool = False,
 ) -> bool:
     """Make this process a client of the cluster; returns whether it (re)connected.
 
@@ -146,7 +201,8 @@ def connect(
         os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
         target = resolver(defn)
         if client_address:
-            jobs = {**defn.as_dict(), "localhost": [client_address]}
+            address = _serving_address(client_address, same_def=_connected == key, fixed_port=fixed_port)
+            jobs = {**defn.as_dict(), "localhost": [address]}
             target = tf.distribute.cluster_resolver.SimpleClusterResolver(
                 tf.train.ClusterSpec(jobs), rpc_layer="grpc"
             )

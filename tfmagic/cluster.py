@@ -265,8 +265,14 @@ class Cluster:
                         port = self.launcher.pick_port(proc)
                     except (ProcessLookupError, TimeoutError) as exc:
                         if not proc.join(5):  # its exit code, for the message
-                            raise self._failure(task, proc, f"did not answer when asked for a free port ({exc})")
-                        raise self._failure(task, proc, f"its process ended before it could start (exit code {proc.exit_code})")
+                            raise self._failure(
+                                task, proc, f"did not answer when asked for a free port ({exc})"
+                            )
+                        raise self._failure(
+                            task,
+                            proc,
+                            f"its process ended before it could start (exit code {proc.exit_code})",
+                        )
                 used.add(port)
                 jobs.setdefault(task.job, []).append(f"{proc.host}:{port}")
             defn = ClusterDef.from_mapping(jobs)
@@ -430,7 +436,13 @@ class Cluster:
     def connect(self, force: bool = False) -> Cluster:
         """Make this process a client of the cluster (remote devices usable)."""
         defn = self._need_running()
-        client.connect(self.id, defn, force=force, client_address=self.launcher.client_address(defn))
+        client.connect(
+            self.id,
+            defn,
+            force=force,
+            client_address=self.launcher.client_address(defn),
+            fixed_port=self.launcher.client_port_fixed,
+        )
         return self
 
     def check_task(self, task: str | TaskName) -> TaskName:
@@ -538,7 +550,13 @@ class Cluster:
         self._watch(t, proc)
         self.slowness.pop(t, None)
         if client.is_connected(self.id):
-            client.connect(self.id, defn, force=True, client_address=self.launcher.client_address(defn))
+            client.connect(
+                self.id,
+                defn,
+                force=True,
+                client_address=self.launcher.client_address(defn),
+                fixed_port=self.launcher.client_port_fixed,
+            )
         self.emit("restart", t, f"process {proc.pid}" + (" (warm spare)" if warm else ""))
         if self.use_spares:
             self.pool.fill_later(self.launcher, self.shape.size)

@@ -277,6 +277,10 @@ class Launcher:
         ``localhost``, which works while every task shares this machine's loopback)."""
         return None
 
+    #: True when something outside TensorFlow (an SSH tunnel) forwards to the client
+    #: address's port, so the client may not move to another port (see client.connect).
+    client_port_fixed: bool = False
+
     def diagnose(self, proc: TaskProcess, log_tail: str) -> str:
         """What the user should do about a task that did not come up ("" if nothing to add)."""
         return ""

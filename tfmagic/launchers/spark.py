@@ -881,6 +881,10 @@ class SparkLauncher(Launcher):
             if not batch.finished.is_set():
                 self._abandon(batch, ctx)
         if listener is not None:
+            try:  # close() alone does not wake the thread blocked in accept() on Linux
+                listener.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             listener.close()
         if ctx is not None and self._given is None:
             _release_context(ctx)

@@ -303,6 +303,10 @@ class SSHLauncher(Launcher):
             return f"check that `ssh {dest} true` works here without a password prompt (keys, agent, known_hosts)"
         return ""
 
+    @property
+    def client_port_fixed(self) -> bool:  # the tunnels' -R forwards lead to that port
+        return self.tunnel
+
     def client_address(self, cluster) -> str | None:
         """This machine's address on the route to the hosts, with a port free here.
 

@@ -235,6 +235,7 @@ class TrainingRun:
         self._results: queue.Queue[_Result] = queue.Queue()
         self._workers: dict[TaskName, _Worker] = {}
         self._last_checkpoint_step = -1
+        self._checkpoint_error: str | None = None  # why the last checkpoint attempt failed
         self._writer = None
 
     # -- control -------------------------------------------------------------
@@ -780,6 +781,9 @@ class TrainingRun:
                     collected.append(res)
                 elif res.step != t:
                     self._record_dropped(res)
+                    if res.step > t and self._was_applied(t):
+                        # the ps is past t: step t's update happened (see _was_applied)
+                        return collected
             try:
                 with client.gate.call(), tf.device(apply_device):
                     self._apply([r.grads for r in collected]).numpy()
@@ -794,9 +798,30 @@ class TrainingRun:
                 dead_ps = [p for p in self._ps_tasks() if p.job == "ps" and not self.cluster.procs[p].alive]
                 if dead_ps:
                     raise self._ps_lost_error(dead_ps[0]) from None
+                if self._was_applied(t):
+                    # The update ran; the failure was another call's, reported on this one.
+                    # Collecting again would wait forever: the workers that took part are
+                    # done with step t, the others now read t + 1.
+                    return collected
                 if not any(r.worker.lost for r in collected):
                     raise
                 collected = [r for r in collected if not r.worker.lost]
+
+    def _was_applied(self, t: int) -> bool:
+        """Whether the ps already holds step ``t``'s update.
+
+        TensorFlow can report a failure on a later call than the one that
+        failed (seen here: an apply raised after a worker was killed, yet the
+        ps had counted the step), so after a failed apply the ps is asked.
+        False when it cannot be read (the caller then treats the apply as
+        not done, as before).
+        """
+        for _attempt in range(5):
+            step = self._read_global_step()
+            if step is not None:
+                return step > t
+            time.sleep(0.1)
+        return False
 
     def _check_enough_workers(self, t: int, R: int) -> None:
         alive = [w for w in self._workers.values() if not w.lost]
@@ -865,8 +890,9 @@ class TrainingRun:
             return
         try:
             weights, slots, step = self._snapshot()
-        except Exception:  # noqa: BLE001 - a lost ps; reported by the step that sees it
+        except Exception as exc:  # noqa: BLE001 - a lost ps; reported by the step that sees it
             _clear_executor()
+            self._checkpoint_error = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
             return
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         path = self.checkpoint_dir / f"{self.name}.npz"
