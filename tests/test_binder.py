@@ -23,7 +23,8 @@ def _reqs(lines):
 
 def test_binder_installs_every_dependency_with_the_same_bounds():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    wanted = _reqs(project["dependencies"]) | _reqs(project["optional-dependencies"]["cpu"])
+    extras = project["optional-dependencies"]
+    wanted = _reqs(project["dependencies"]) | _reqs(extras["cpu"]) | _reqs(extras["voila"])
     lines = (ROOT / "binder" / "requirements.txt").read_text().splitlines()
     have = _reqs(lines)
     assert have == wanted

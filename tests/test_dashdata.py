@@ -66,10 +66,15 @@ def test_run_trace_is_incremental_and_bounded():
     for i in range(5000):
         g = GlobalStep(i + 1, float(i), 1.0 / (i + 1))
         tr.on_global(g)
+    tr.on_event(Event(0.5, "slow", "worker:1", "x4", step=1))
     for i in range(100):
         tr.on_event(Event(float(i), "dropped", "worker:2", step=i))
     snap = tr.copy()
-    assert len(snap["step"][0]) <= 50 and len(snap["marks"]) == 20
+    drops = [m for m in snap["marks"] if m.kind == "dropped"]
+    assert len(snap["step"][0]) <= 50 and len(drops) == 20
+    assert [m.step for m in drops] == list(range(80, 100)), "the newest drops are kept"
+    # a hundred dropped gradients do not push the slow mark off the plot
+    assert [(m.kind, m.step) for m in snap["marks"] if m.kind != "dropped"] == [("slow", 1)]
     assert snap["dropped"] == 100 and snap["updates"] == 5000
 
 

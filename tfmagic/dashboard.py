@@ -192,7 +192,10 @@ class Dashboard:
         lim["tp_y"] = grow(lim.get("tp_y", 50.0), max(ys_tp), 1.5)
         runs = [x for r in self._runs for x in (getattr(r, "runs", None) or [r])]
         planned = max([getattr(r, "steps", 0) for r in runs] + [10])
-        lim["step_x"] = grow(lim.get("step_x", float(planned)), max(xs_step))
+        # Start near the data and double up to the planned steps: a 20,000-step run would
+        # otherwise be a sliver at the left edge for most of its life.
+        step_x = grow(lim.get("step_x", float(min(planned, 100))), max(xs_step))
+        lim["step_x"] = min(step_x, float(planned)) if planned >= max(xs_step) else step_x
         if losses:
             lo = 10 ** math.floor(math.log10(min(losses)))
             hi = 10 ** math.ceil(math.log10(max(losses)))

@@ -136,7 +136,10 @@ class RunTrace:
         self.origin = origin
         self.by_step = DownsampledSeries(max_points)
         self.by_time = DownsampledSeries(max_points)
+        # Dropped gradients come every step of a long sync run with backups; they get
+        # their own bound so they never push slow/kill/restart marks off the plot.
         self.marks: deque[Mark] = deque(maxlen=max_marks)
+        self.drop_marks: deque[Mark] = deque(maxlen=max_marks)
         self.dropped = 0
         self.last_step: float | None = None
         self.updates = 0
@@ -155,7 +158,8 @@ class RunTrace:
                 self.dropped += 1
             if e.kind == "start":
                 return
-            self.marks.append(place_event(e, self.origin, self.last_step))
+            mark = place_event(e, self.origin, self.last_step)
+            (self.drop_marks if e.kind == "dropped" else self.marks).append(mark)
 
     def copy(self) -> dict:
         """A consistent snapshot for drawing."""
@@ -171,7 +175,7 @@ class RunTrace:
                 "mode": self.mode,
                 "step": ordered(self.by_step),
                 "time": ordered(self.by_time),
-                "marks": list(self.marks),
+                "marks": list(self.marks) + list(self.drop_marks),
                 "dropped": self.dropped,
                 "updates": self.updates,
             }

@@ -235,7 +235,7 @@ class TrainingRun:
         self._results: queue.Queue[_Result] = queue.Queue()
         self._workers: dict[TaskName, _Worker] = {}
         self._last_checkpoint_step = -1
-        self._checkpoint_error: str | None = None  # why the last checkpoint attempt failed
+        self._checkpoint_errors: list[str] = []  # why checkpoint attempts failed, each reason once
         self._writer = None
 
     # -- control -------------------------------------------------------------
@@ -892,7 +892,9 @@ class TrainingRun:
             weights, slots, step = self._snapshot()
         except Exception as exc:  # noqa: BLE001 - a lost ps; reported by the step that sees it
             _clear_executor()
-            self._checkpoint_error = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+            why = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+            if why not in self._checkpoint_errors:
+                self._checkpoint_errors.append(why)
             return
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         path = self.checkpoint_dir / f"{self.name}.npz"
