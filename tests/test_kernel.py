@@ -110,6 +110,8 @@ def test_syntax_error_points_at_the_users_line(kernel, started):
     assert reply.status == "error"
     tb = reply.text
     assert "SyntaxError" in tb
+    # the user's own line, numbered as in the cell's code: line 2 of the body
+    assert "y = (2 +" in tb and "line 2" in tb, tb
     assert "tfmagic" not in tb.replace("%%tf_device", "").lower().replace("(the cell failed", "")
 
 
