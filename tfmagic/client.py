@@ -108,9 +108,9 @@ def _serving_address(requested: str, same_def: bool, fixed_port: bool = False) -
             "its client servers until the process ends), and this cluster's SSH tunnels lead to that port. "
             "Stop this cluster and start it again (%tf_cluster stop, then start): it picks a new port."
         )
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        fresh = f"{host}:{probe.getsockname()[1]}"
+    from .launchers.local import free_port
+
+    fresh = f"{host}:{free_port(host)}"
     _served[requested] = fresh
     return fresh
 

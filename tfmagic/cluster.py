@@ -550,13 +550,7 @@ class Cluster:
         self._watch(t, proc)
         self.slowness.pop(t, None)
         if client.is_connected(self.id):
-            client.connect(
-                self.id,
-                defn,
-                force=True,
-                client_address=self.launcher.client_address(defn),
-                fixed_port=self.launcher.client_port_fixed,
-            )
+            self.connect(force=True)
         self.emit("restart", t, f"process {proc.pid}" + (" (warm spare)" if warm else ""))
         if self.use_spares:
             self.pool.fill_later(self.launcher, self.shape.size)
