@@ -6,6 +6,7 @@ import os
 import queue
 import re
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from jupyter_client.manager import KernelManager
@@ -20,6 +21,7 @@ class Reply:
     stdout: str = ""
     stderr: str = ""
     displays: list[dict] = field(default_factory=list)
+    display_ids: list[str | None] = field(default_factory=list)  # beside displays
     error: dict | None = None
     errors: list[dict] = field(default_factory=list)
     result: dict | None = None
@@ -55,6 +57,8 @@ class Kernel:
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=60)
+        #: output published outside a running cell's reply (background threads), newest last
+        self.others: deque[dict] = deque(maxlen=2000)
 
     @property
     def pid(self) -> int:
@@ -87,6 +91,7 @@ class Kernel:
             except queue.Empty:
                 continue
             if msg["parent_header"].get("msg_id") != msg_id and not (idle and msg["msg_type"] == "stream"):
+                self.others.append(msg)
                 continue
             kind, content = msg["msg_type"], msg["content"]
             if kind == "stream":
@@ -97,6 +102,9 @@ class Kernel:
                     reply.stderr += content["text"]
             elif kind in ("display_data", "update_display_data"):
                 reply.displays.append(content["data"])
+                reply.display_ids.append((content.get("transient") or {}).get("display_id"))
+                if kind == "update_display_data":
+                    self.others.append(msg)
             elif kind == "execute_result":
                 reply.result = content["data"]
             elif kind == "error":
@@ -127,6 +135,24 @@ class Kernel:
 
         reply = self.ok(f"print(repr({expr}))")
         return ast.literal_eval(reply.stdout.strip().splitlines()[-1])
+
+    def updates_of(self, display_id: str) -> list[dict]:
+        """The data of every update_display_data seen for ``display_id`` (from any cell or thread)."""
+        self.drain()
+        return [
+            m["content"]["data"]
+            for m in self.others
+            if m["msg_type"] == "update_display_data"
+            and (m["content"].get("transient") or {}).get("display_id") == display_id
+        ]
+
+    def drain(self, quiet: float = 0.2) -> None:
+        """Move output waiting on the iopub channel into ``others``."""
+        while True:
+            try:
+                self.others.append(self.kc.get_iopub_msg(timeout=quiet))
+            except queue.Empty:
+                return
 
     def shutdown(self) -> None:
         try:

@@ -43,14 +43,24 @@ NOTEBOOK_CELLS = [
     "%load_ext tfmagic",
     "%tf_cluster start --ps 1 --workers 2",
     "run = %tf_train --mode async --model digits --steps 20000 --lr 0.05",
-    "%tf_cluster slow worker:1 --factor 4",
+    # mid-run, as a teacher does it: the dashboard must show the drop
+    "import time\nwhile run.history.steps < SLOW_AT:\n    time.sleep(0.1)\n%tf_cluster slow worker:1 --factor 4",
 ]
+SLOW_AT = 1500  # updates before worker:1 is slowed (a few seconds of training)
 
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fresh_artifacts():
+    """Screenshots from an earlier run must not pass for this one's."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    for old in ARTIFACTS.glob("*.png"):
+        old.unlink()
 
 
 @pytest.fixture
@@ -62,7 +72,8 @@ def server(tmp_path):
     pytest.importorskip("jupyterlab")
     work = tmp_path / "work"
     work.mkdir()
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in NOTEBOOK_CELLS])
+    cells = [c.replace("SLOW_AT", str(SLOW_AT)) for c in NOTEBOOK_CELLS]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, work / "dash.ipynb")
     port, token = _free_port(), secrets.token_hex(16)
@@ -170,6 +181,29 @@ def _updates(header_text: str) -> int:
     return int(m.group(1)) if m else -1
 
 
+def _row(page, task: str) -> list[str]:
+    """One task's row of the cluster table, as the page shows it."""
+    for row in page.locator(".tfmagic-cluster tr").all():
+        cells = [c.inner_text().strip() for c in row.locator("td").all()]
+        if cells and cells[0] == task:
+            return cells
+    return []
+
+
+def _rate(page, task: str) -> float:
+    """The task's steps/s from its 'doing' cell ('training, 85 steps/s'), 0 when idle or absent."""
+    import re
+
+    row = _row(page, task)
+    m = re.search(r"([\d.]+) steps/s", row[-1]) if row else None
+    return float(m.group(1)) if m else 0.0
+
+
+def _slowed(page, task: str) -> str:
+    row = _row(page, task)
+    return row[6] if len(row) > 6 else ""
+
+
 def _check_live(page, name: str) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     try:
@@ -202,10 +236,21 @@ def test_dashboard_is_live_in_jupyterlab(server):
         page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
         page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()
         _check_live(page, "jupyterlab")
-        # the slowed worker shows in the cluster table
+        # worker:1 is slowed mid-run (after SLOW_AT updates): the page shows its rate drop
+        poll_for(lambda: _rate(page, "worker:1") > 0, 60, what="worker:1 training in the table")
+        before = _rate(page, "worker:1")
+        assert _slowed(page, "worker:1") != "x4", "slowed before its rate was read: raise SLOW_AT"
+        poll_for(lambda: _slowed(page, "worker:1") == "x4", 180, what="the slow mark in the table")
+        seen = time.monotonic()
+        peak = max(before, _rate(page, "worker:1"))  # the rate over the window before it took effect
         poll_for(
-            lambda: "x4" in page.locator(".tfmagic-cluster").first.inner_text(), 120, what="the slow mark"
+            lambda: 0 < _rate(page, "worker:1") < 0.5 * peak,
+            30,
+            interval=0.2,
+            what=f"worker:1's rate to drop below half of {peak:.0f} steps/s",
         )
+        print(f"worker:1 {peak:.0f} -> {_rate(page, 'worker:1'):.0f} steps/s, "
+              f"{time.monotonic() - seen:.1f} s after the page showed the slow mark")
         page.locator(".tfmagic-dashboard").first.screenshot(path=str(ARTIFACTS / "jupyterlab-slowed.png"))
     finally:
         browser.close()

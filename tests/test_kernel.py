@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import psutil
 import pytest
 
-from .conftest import assert_gone
+from .conftest import assert_gone, poll_for
 from .kernelutil import Kernel
 
 pytestmark = [pytest.mark.kernel, pytest.mark.cluster]
@@ -228,6 +229,66 @@ def test_tf_train_in_the_background_and_failure_injection_magics(kernel):
     kernel.ok("%%tf_device worker:1\nprint((tf.constant(2.0) * 5).numpy())")
 
 
+WIDGET = "application/vnd.jupyter.widget-view+json"
+
+
+def _dashboard_output(reply) -> tuple[dict, str]:
+    for data, display_id in zip(reply.displays, reply.display_ids):
+        if WIDGET in data:
+            return data, display_id
+    raise AssertionError(f"no dashboard widget was displayed: {reply.displays}")
+
+
+def test_tf_dashboard_refreshes_while_training_then_keeps_and_publishes_its_last_frame(kernel):
+    kernel.ok("%tf_cluster start --ps 1 --workers 2 --replace", timeout=180)
+    kernel.ok("run = %tf_train --mode async --model digits --steps 400 --lr 0.05 --no-dashboard")
+    reply = kernel.ok("%tf_dashboard")
+    data, display_id = _dashboard_output(reply)
+    assert display_id, "shown with a display id, so its last frame can be published"
+    assert data["image/png"] and "async" in data["text/plain"]  # what a front end without widgets shows
+    kernel.ok("dash = tfmagic.Dashboard.latest()")
+    assert kernel.value("dash.refresh") == 0.5  # twice a second
+    first = kernel.value("dash.frames")
+    # the kernel stays free while the dashboard draws in the background
+    poll_for(lambda: kernel.value("dash.frames") >= first + 3, 60, interval=0.3, what="three new frames")
+    assert kernel.value("dash.refreshing and run.running")
+    kernel.ok("run.wait()", timeout=300)
+    poll_for(lambda: not kernel.value("dash.refreshing"), 30, interval=0.3, what="the refresh to end")
+    frames = kernel.value("dash.frames")
+    time.sleep(1.5)
+    assert kernel.value("dash.frames") == frames, "it kept drawing after training ended"
+    assert kernel.value("dash._image.value == dash.last_png and len(dash.last_png) > 1000"), "last frame kept"
+    assert "done, 400 updates" in kernel.value("dash._header.value")
+    # re-published with the last frame: what a saved notebook holds without widget state
+    finals = kernel.updates_of(display_id)
+    assert finals, "the last frame was not published to the notebook"
+    assert "async: 400 updates" in finals[-1]["text/plain"], finals[-1]["text/plain"]
+    assert finals[-1]["image/png"] != data["image/png"]
+
+
+def test_the_dashboard_stops_with_the_cluster_and_keeps_its_last_frame(kernel):
+    kernel.ok("%tf_cluster start --ps 1 --workers 2 --replace", timeout=180)
+    reply = kernel.ok("run = %tf_train --mode async --model digits --steps 100000 --lr 0.05")
+    _dashboard_output(reply)  # %tf_train shows it
+    kernel.ok("dash = tfmagic.Dashboard.latest()\nassert dash is run.dashboard")
+    poll_for(lambda: kernel.value("run.history.steps") > 20, 120, interval=0.3, what="training to start")
+    kernel.ok("%tf_cluster stop", timeout=120)
+    poll_for(lambda: not kernel.value("dash.refreshing"), 30, interval=0.3, what="the refresh to end")
+    assert kernel.value("dash._image.value == dash.last_png and len(dash.last_png) > 1000")
+    assert "(stopped)" in kernel.value("dash._table.value")
+    kernel.ok("%tf_cluster start --ps 1 --workers 2", timeout=180)  # as the next tests expect
+
+
+def test_tf_dashboard_says_what_to_do_when_there_is_nothing_to_show():
+    k = Kernel(env={"TFMAGIC_SPARES": "0"})
+    try:
+        k.ok("%load_ext tfmagic")
+        assert "start a cluster" in usage_error(k.run("%tf_dashboard"))
+        assert "--refresh" in usage_error(k.run("%tf_dashboard --refresh 0"))
+    finally:
+        k.shutdown()
+
+
 @pytest.mark.parametrize(
     "line, expect",
     [
@@ -245,3 +306,47 @@ def test_training_bad_input(kernel, line, expect):
     before = kernel.value(TASK_PIDS)
     assert expect in usage_error(kernel.run(line))
     assert kernel.value(TASK_PIDS) == before
+
+
+def test_terminal_ipython_gets_text_and_a_picture_and_leaves_nothing_with_spares_on(tmp_path):
+    """No widget front end: %tf_dashboard prints the numbers and says how to get the picture.
+
+    Spares are on here: when the IPython process exits, its tasks and its warm
+    spares end with it.
+    """
+    import ast
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.ipy"
+    png = tmp_path / "dashboard.png"
+    script.write_text(
+        "%load_ext tfmagic\n"
+        "%tf_cluster start --ps 1 --workers 1\n"
+        "run = %tf_train --mode async --model digits --steps 40 --wait\n"
+        "%tf_dashboard\n"
+        "import tfmagic, time\n"
+        f"tfmagic.Dashboard.latest().save({str(png)!r})\n"
+        "from tfmagic.pool import default_pool\n"
+        "deadline = time.time() + 120\n"
+        "while not [p for p in default_pool().processes() if p.warm_at] and time.time() < deadline:\n"
+        "    time.sleep(0.2)\n"
+        "print('PIDS', [p.pid for p in tfmagic.owner.processes()])\n"
+    )
+    env = dict(os.environ, TFMAGIC_SPARES="1", TFMAGIC_SPARE_BUDGET="2GB")
+    env.pop("PYTEST_CURRENT_TEST", None)
+    out = subprocess.run(
+        [sys.executable, "-m", "IPython", "--quick", "--no-banner", "--colors=NoColor", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env=env,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert "async: 40 updates" in out.stdout, out.stdout[-2000:]
+    assert "worker:0" in out.stdout and "steps/s" in out.stdout
+    assert "Dashboard.latest().save(" in out.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    pids = next(ast.literal_eval(ln[5:]) for ln in out.stdout.splitlines() if ln.startswith("PIDS "))
+    assert len(pids) >= 3, f"two tasks and at least one warm spare: {pids}"
+    assert_gone(pids, timeout=15)

@@ -250,6 +250,29 @@ def test_a_user_keras_model_trains(local_cluster):
     assert h.final_loss < 0.01, h.final_loss
 
 
+def test_the_held_out_loss_runs_the_model_in_inference_mode(local_cluster):
+    """Dropout is on in training steps and off for the held-out loss, as Keras' evaluate does."""
+    import keras
+
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(512, 4)).astype(np.float32)
+    y = (x @ np.array([1.0, -2.0, 0.5, 3.0], np.float32)).reshape(-1, 1)
+
+    def build():
+        return keras.Sequential([keras.Input((4,)), keras.layers.Dropout(0.5), keras.layers.Dense(1)])
+
+    model = KerasModel(build, x=x, y=y, loss="mse")
+    run = TrainingRun(local_cluster, "sync", model=model, steps=40, lr=0.05).start()
+    run.wait(timeout=120)
+    local = build()
+    local.set_weights(run.final_weights)
+    xt, yt = model.data.x_test, model.data.y_test
+    inference = float(np.mean((local(xt, training=False).numpy() - yt) ** 2))
+    dropped = float(np.mean((local(xt, training=True).numpy() - yt) ** 2))
+    assert run.history.final_loss == pytest.approx(inference, rel=1e-4), (run.history.final_loss, dropped)
+    assert abs(dropped - inference) > 1e-3  # the check can tell the two apart
+
+
 def test_a_keras_model_from_a_tf_data_input_fn(local_cluster):
     import keras
     import tensorflow as tf

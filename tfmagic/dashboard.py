@@ -8,6 +8,9 @@ watches end or the cluster stops, and keeps its last frame.
 
 Without a widget front end (terminal IPython, nbconvert without widget
 state) the same object shows a PNG of its latest frame and a text summary.
+Shown with :meth:`Dashboard.show`, its output is re-published once the
+refresh ends, so a notebook saved afterwards holds the last frame even where
+widget state is not saved.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from __future__ import annotations
 import html
 import threading
 import time
+import weakref
 from collections import deque
+from pathlib import Path
 
 from .dashdata import MAJOR, Mark, RollingRate, RunTrace, place_event
 from .procstats import human_bytes
@@ -36,8 +41,10 @@ class Dashboard:
     """Watch training runs on a cluster.
 
     >>> dash = Dashboard(cluster, runs=[run])       # doctest: +SKIP
-    >>> dash                                        # shown in the notebook; refreshes itself
+    >>> dash.show()                                 # in the notebook; refreshes itself
     """
+
+    _latest: weakref.ref | None = None
 
     def __init__(
         self, cluster=None, runs=(), refresh: float = 0.5, window: float = 3.0, max_points: int = 400
@@ -60,6 +67,9 @@ class Dashboard:
         self.last_draw_s: float | None = None
         self._fig = None
         self._widget = None
+        self._display = None  # IPython DisplayHandle, when shown with show()
+        self.final_published = False
+        Dashboard._latest = weakref.ref(self)
         self.marks: deque[Mark] = deque(maxlen=100)  # cluster events: slow, kill, restart, lost
         if cluster is not None:
             cluster.listeners.append(self._on_cluster_event)
@@ -419,6 +429,7 @@ class Dashboard:
                 if grace <= 0:
                     break
             self._stop.wait(max(0.0, self.refresh - (time.monotonic() - t0)))
+        self._publish_final()
 
     def stop(self) -> None:
         self._stop.set()
@@ -450,8 +461,37 @@ class Dashboard:
 
         bundle["image/png"] = base64.b64encode(png).decode()
         bundle["text/plain"] = self.summary()
-        self.start()
+        if self._thread is None or self.active:  # a finished dashboard keeps its last frame
+            self.start()
         return bundle
 
     def _repr_pretty_(self, p, cycle) -> None:
         p.text(self.summary())
+
+    def show(self) -> Dashboard:
+        """Display in the notebook and refresh; the output is re-published with the
+        last frame when the refresh ends (what a saved notebook then holds)."""
+        from IPython.display import display
+
+        self._display = display(self, display_id=True)
+        return self
+
+    @classmethod
+    def latest(cls) -> Dashboard | None:
+        """The dashboard made last in this process (``%tf_train`` and ``%tf_dashboard`` make one)."""
+        return cls._latest() if cls._latest is not None else None
+
+    def save(self, path: str | Path) -> Path:
+        """Write the latest frame as a PNG (a static picture outside a notebook)."""
+        path = Path(path)
+        path.write_bytes(self.last_png or self.draw())
+        return path
+
+    def _publish_final(self) -> None:
+        if self._display is None:
+            return
+        try:
+            self._display.update(self)
+            self.final_published = True
+        except Exception:  # noqa: BLE001 - the front end may be gone; the widget still holds the frame
+            pass

@@ -540,7 +540,7 @@ class TfMagics(Magics):
             raise UsageError(str(exc)) from None
         training.set_last_run(run)
         if not args.no_dashboard:
-            run.dashboard = self._show_dashboard(cluster, run)
+            run.dashboard = self._show_dashboard(cluster, run, waiting=args.wait)
         if args.wait:
             try:
                 run.wait()
@@ -551,13 +551,13 @@ class TfMagics(Magics):
                 raise UsageError(str(exc)) from None
         return run
 
-    def _show_dashboard(self, cluster, run):
+    def _show_dashboard(self, cluster, run, waiting: bool = False):
         from .dashboard import Dashboard
 
         dash = Dashboard(cluster, runs=[run] if run is not None else [])
         if self.in_notebook:
-            display(dash)
-        else:
+            dash.show()
+        elif not waiting:
             print("Training in the background; run.history.summary() shows where it is.")
         return dash
 
@@ -572,6 +572,8 @@ class TfMagics(Magics):
         current cluster, refreshing while something trains.
         """
         args = parse_argstring(self.tf_dashboard, line)
+        if args.refresh < 0.05:
+            raise UsageError(f"--refresh {args.refresh:g} is too fast: give seconds between frames, 0.05 or more")
         from . import training
         from .dashboard import Dashboard
 
@@ -581,9 +583,10 @@ class TfMagics(Magics):
             raise UsageError("nothing to show yet: start a cluster (%tf_cluster start) and train (%tf_train)")
         dash = Dashboard(cluster, runs=[run] if run is not None else [], refresh=args.refresh)
         if self.in_notebook:
-            display(dash)
-        else:
+            dash.show()
+        else:  # no widgets here: the numbers as text, and a way to get the picture
             print(dash.summary())
+            print("A picture of it: tfmagic.Dashboard.latest().save('dashboard.png')")
         return None
 
     # -- %%tf_px --------------------------------------------------------------

@@ -439,7 +439,7 @@ class TrainingRun:
                 with tf.control_dependencies([read]):
                     xb, yb = take(k)
                     with tf.GradientTape() as tape:
-                        loss = model.loss(variables, xb, yb)
+                        loss = model.loss(variables, xb, yb, training=True)
                 grads = tape.gradient(loss, variables)
 
                 with tf.control_dependencies(grads):
@@ -474,7 +474,7 @@ class TrainingRun:
                 with tf.control_dependencies([k]):
                     xb, yb = take(k)
                     with tf.GradientTape() as tape:
-                        loss = model.loss(variables, xb, yb)
+                        loss = model.loss(variables, xb, yb, training=True)
                 grads = tape.gradient(loss, variables)
                 return tf.stack([tf.cast(loss, tf.float64), tf.cast(k, tf.float64)]), grads
 
@@ -892,7 +892,9 @@ class TrainingRun:
             weights, slots, step = self._snapshot()
         except Exception as exc:  # noqa: BLE001 - a lost ps; reported by the step that sees it
             _clear_executor()
-            why = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+            lines = str(exc).splitlines() or [""]
+            where = [ln for ln in lines if "from remote target" in ln]  # which task answered so
+            why = f"{type(exc).__name__}: {lines[0]}" + (f" [{where[0].strip()}]" if where else "")
             if why not in self._checkpoint_errors:
                 self._checkpoint_errors.append(why)
             return

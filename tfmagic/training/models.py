@@ -43,11 +43,15 @@ class Model:
     def initial_weights(self, seed: int) -> list[np.ndarray]:  # pragma: no cover - interface
         raise NotImplementedError
 
-    def loss(self, weights, x, y):  # pragma: no cover - interface
-        """Scalar mean loss; ``weights`` are tf.Variables (or tensors) in order."""
+    def loss(self, weights, x, y, training: bool = False):  # pragma: no cover - interface
+        """Scalar mean loss; ``weights`` are tf.Variables (or tensors) in order.
+
+        ``training`` is True inside a training step and False for the held-out
+        loss (dropout and batch normalization behave differently).
+        """
         raise NotImplementedError
 
-    def predict(self, weights, x):  # pragma: no cover - interface
+    def predict(self, weights, x, training: bool = False):  # pragma: no cover - interface
         raise NotImplementedError
 
     def accuracy(self, weights, x, y):
@@ -71,13 +75,13 @@ class Linear(Model):
     def initial_weights(self, seed: int) -> list[np.ndarray]:
         return [np.zeros((1, 1), np.float32), np.zeros((1,), np.float32)]
 
-    def predict(self, weights, x):
+    def predict(self, weights, x, training: bool = False):
         import tensorflow as tf
 
         w, b = weights
         return tf.matmul(x, w) + b
 
-    def loss(self, weights, x, y):
+    def loss(self, weights, x, y, training: bool = False):
         import tensorflow as tf
 
         return tf.reduce_mean(tf.square(self.predict(weights, x) - y))
@@ -115,13 +119,13 @@ class Digits(Model):
             np.zeros(10, np.float32),
         ]
 
-    def predict(self, weights, x):
+    def predict(self, weights, x, training: bool = False):
         import tensorflow as tf
 
         w1, b1, w2, b2 = weights
         return tf.matmul(tf.nn.relu(tf.matmul(x, w1) + b1), w2) + b2
 
-    def loss(self, weights, x, y):
+    def loss(self, weights, x, y, training: bool = False):
         import tensorflow as tf
 
         logits = self.predict(weights, x)
@@ -193,17 +197,18 @@ class KerasModel(Model):
 
         return keras.losses.get(self._loss) if isinstance(self._loss, str) else self._loss
 
-    def predict(self, weights, x):
+    def predict(self, weights, x, training: bool = False):
         model = self.keras_model
-        # Run the Keras graph with the engine's (remote) weights in place of its own.
+        # Run the Keras graph with the engine's (remote) weights in place of its own;
+        # training=False for the held-out loss (dropout off, batch norm uses its averages).
         return model.stateless_call(
-            [w for w in weights], [v.value for v in model.non_trainable_variables], x, training=True
+            [w for w in weights], [v.value for v in model.non_trainable_variables], x, training=training
         )[0]
 
-    def loss(self, weights, x, y):
+    def loss(self, weights, x, y, training: bool = False):
         import tensorflow as tf
 
-        out = self.predict(weights, x)
+        out = self.predict(weights, x, training=training)
         return tf.reduce_mean(self._loss_fn()(y, out))
 
 

@@ -56,7 +56,7 @@ class SummaryWriterThread:
                     with self._writer("global").as_default(step=rec.step):
                         tf.summary.scalar("loss", rec.loss)
             for w in self._writers.values():
-                w.flush()
+                w.close()  # flushes; a resumed run opens new event files beside these
 
     def close(self) -> None:
         if self._on_record in self._history.listeners:
