@@ -219,7 +219,11 @@ def test_sync_without_backups_fails_fast_with_a_clear_message(c3):
 
 def test_losing_the_ps_is_reported_within_seconds_and_training_resumes(c3):
     run = TrainingRun(c3, "async", model="digits", steps=500, checkpoint_every=40, lr=0.05).start()
-    poll_for(lambda: run.history.steps >= 150, 60, what="150 updates")
+    poll_for(
+        lambda: run.history.steps >= 150 and run._last_checkpoint_step >= 40,
+        60,
+        what=lambda: f"150 updates and a checkpoint (errors: {run._checkpoint_errors})",
+    )
     c3.kill("ps:0")
     t0 = time.monotonic()
     with pytest.raises(TrainingError, match=r"ps:0 was lost.*restart.*resume\(\)"):
@@ -251,7 +255,8 @@ def test_a_user_keras_model_trains(local_cluster):
 
 
 def test_the_held_out_loss_runs_the_model_in_inference_mode(local_cluster):
-    """Dropout is on in training steps and off for the held-out loss, as Keras' evaluate does."""
+    """Dropout is on in training steps and off for the held-out loss, as Keras' evaluate does;
+    batch-norm statistics move on the workers and the held-out loss uses them."""
     import keras
 
     rng = np.random.default_rng(1)
@@ -259,13 +264,25 @@ def test_the_held_out_loss_runs_the_model_in_inference_mode(local_cluster):
     y = (x @ np.array([1.0, -2.0, 0.5, 3.0], np.float32)).reshape(-1, 1)
 
     def build():
-        return keras.Sequential([keras.Input((4,)), keras.layers.Dropout(0.5), keras.layers.Dense(1)])
+        return keras.Sequential(
+            [
+                keras.Input((4,)),
+                keras.layers.BatchNormalization(),
+                keras.layers.Dropout(0.5),
+                keras.layers.Dense(1),
+            ]
+        )
 
     model = KerasModel(build, x=x, y=y, loss="mse")
     run = TrainingRun(local_cluster, "sync", model=model, steps=40, lr=0.05).start()
     run.wait(timeout=120)
     local = build()
-    local.set_weights(run.final_weights)
+    # batch-norm statistics moved on the workers (they start at mean 0, variance 1)
+    mean, var = run.final_state[0], run.final_state[1]
+    assert np.abs(mean).max() > 0.01 and np.abs(var - 1).max() > 0.01, run.final_state
+    trainable = iter(run.final_weights)
+    state = iter(run.final_state)
+    local.set_weights([next(trainable) if v.trainable else next(state) for v in local.weights])
     xt, yt = model.data.x_test, model.data.y_test
     inference = float(np.mean((local(xt, training=False).numpy() - yt) ** 2))
     dropped = float(np.mean((local(xt, training=True).numpy() - yt) ** 2))

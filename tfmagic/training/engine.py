@@ -128,6 +128,7 @@ class _Worker:
     tensors: list = field(default_factory=list)
     ring: object = None
     seen_k: int = -1
+    state: list = field(default_factory=list)  # the model's non-trainable values, on this worker
 
 
 @dataclass
@@ -418,6 +419,8 @@ class TrainingRun:
             xs = tf.identity(tf.convert_to_tensor(x))
             ys = tf.identity(tf.convert_to_tensor(y))
             counter = tf.Variable(0, dtype=tf.int64, name=f"local_step_{w.index}")
+            # the model's non-trainable values (batch-norm statistics, dropout seeds): this worker's own
+            state = [tf.Variable(a, trainable=False) for a in model.initial_state()]
             # async: (local step, loss, read step, new step) of the last RING steps, on the worker
             ring = (
                 tf.Variable(tf.fill([RING, 4], tf.constant(-1.0, tf.float64)), name=f"ring_{w.index}")
@@ -439,7 +442,7 @@ class TrainingRun:
                 with tf.control_dependencies([read]):
                     xb, yb = take(k)
                     with tf.GradientTape() as tape:
-                        loss = model.loss(variables, xb, yb, training=True)
+                        loss = model.loss(variables, xb, yb, training=True, state=state)
                 grads = tape.gradient(loss, variables)
 
                 with tf.control_dependencies(grads):
@@ -474,11 +477,12 @@ class TrainingRun:
                 with tf.control_dependencies([k]):
                     xb, yb = take(k)
                     with tf.GradientTape() as tape:
-                        loss = model.loss(variables, xb, yb, training=True)
+                        loss = model.loss(variables, xb, yb, training=True, state=state)
                 grads = tape.gradient(loss, variables)
                 return tf.stack([tf.cast(loss, tf.float64), tf.cast(k, tf.float64)]), grads
 
         w.fn, w.counter, w.tensors, w.ring, w.seen_k = _kept(step), counter, [xs, ys], ring, -1
+        w.state = state
         w.rebuild = False
         w.errors = 0
 
@@ -922,9 +926,15 @@ class TrainingRun:
         """Weights, optimizer slots and the global step, read from the ps."""
         if not self._ps_alive():
             raise TrainingError("a ps task is not running")
+        import tensorflow as tf
+
         tensors = [*self.variables, *self.optimizer.slots, self.global_step]
         with client.gate.call():
-            values = [t.numpy() for t in tensors]
+            # every copy is asked for before any is waited on: one round trip, not one per tensor
+            # (a checkpoint read one by one took over a second on a busy machine)
+            with tf.device("/job:localhost/replica:0/task:0/device:CPU:0"):
+                copies = [tf.identity(t) for t in tensors]
+            values = [c.numpy() for c in copies]
         n = len(self.variables)
         # async calls after the last update still count the step up (and change nothing)
         return values[:n], values[n:-1], min(int(values[-1]), self.steps)
@@ -945,18 +955,32 @@ class TrainingRun:
         with client.gate.call():
             return [v.numpy() for v in self.variables]
 
+    def _worker_state(self) -> list[np.ndarray] | None:
+        """The first running worker's non-trainable values (None: the model's initial ones)."""
+        for w in self._workers.values():
+            if w.state and not w.lost and self.cluster.procs[w.task].alive:
+                try:
+                    with client.gate.call():
+                        return [v.numpy() for v in w.state]
+                except Exception:  # noqa: BLE001 - a worker lost at the very end: try the next
+                    _clear_executor()
+        return None
+
     def _evaluate(self) -> None:
         import tensorflow as tf
 
         weights = self.weights()
         data = self.model.data
+        state = self._worker_state()
         with tf.device("/job:localhost/replica:0/task:0/device:CPU:0"):
             w = [tf.constant(a) for a in weights]
+            st = None if state is None else [tf.constant(a) for a in state]
             self.history.final_loss = float(
-                self.model.loss(w, tf.constant(data.x_test), tf.constant(data.y_test))
+                self.model.loss(w, tf.constant(data.x_test), tf.constant(data.y_test), state=st)
             )
             if self.model.classifier:
                 self.history.final_accuracy = float(
-                    self.model.accuracy(w, tf.constant(data.x_test), tf.constant(data.y_test))
+                    self.model.accuracy(w, tf.constant(data.x_test), tf.constant(data.y_test), state=st)
                 )
         self.final_weights = weights
+        self.final_state = state  # worker 0's non-trainable values (None: the model has none)

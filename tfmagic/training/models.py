@@ -43,21 +43,32 @@ class Model:
     def initial_weights(self, seed: int) -> list[np.ndarray]:  # pragma: no cover - interface
         raise NotImplementedError
 
-    def loss(self, weights, x, y, training: bool = False):  # pragma: no cover - interface
+    def loss(self, weights, x, y, training: bool = False, state=None):  # pragma: no cover - interface
         """Scalar mean loss; ``weights`` are tf.Variables (or tensors) in order.
 
         ``training`` is True inside a training step and False for the held-out
-        loss (dropout and batch normalization behave differently).
+        loss (dropout and batch normalization behave differently).  ``state``
+        holds the model's non-trainable values (see :meth:`initial_state`):
+        variables on the worker in a training step, which the step updates,
+        tensors for the held-out loss.
         """
         raise NotImplementedError
 
-    def predict(self, weights, x, training: bool = False):  # pragma: no cover - interface
+    def predict(self, weights, x, training: bool = False, state=None):  # pragma: no cover - interface
         raise NotImplementedError
 
-    def accuracy(self, weights, x, y):
+    def initial_state(self) -> list[np.ndarray]:
+        """Non-trainable values (batch-norm statistics, dropout seeds); none for the built-in models.
+
+        They are not averaged on the ps: each worker keeps and updates its own
+        copy, and the held-out loss uses worker 0's.
+        """
+        return []
+
+    def accuracy(self, weights, x, y, state=None):
         import tensorflow as tf
 
-        pred = tf.argmax(self.predict(weights, x), axis=-1, output_type=tf.int32)
+        pred = tf.argmax(self.predict(weights, x, state=state), axis=-1, output_type=tf.int32)
         return tf.reduce_mean(tf.cast(tf.equal(pred, tf.cast(y, tf.int32)), tf.float32))
 
 
@@ -75,13 +86,13 @@ class Linear(Model):
     def initial_weights(self, seed: int) -> list[np.ndarray]:
         return [np.zeros((1, 1), np.float32), np.zeros((1,), np.float32)]
 
-    def predict(self, weights, x, training: bool = False):
+    def predict(self, weights, x, training: bool = False, state=None):
         import tensorflow as tf
 
         w, b = weights
         return tf.matmul(x, w) + b
 
-    def loss(self, weights, x, y, training: bool = False):
+    def loss(self, weights, x, y, training: bool = False, state=None):
         import tensorflow as tf
 
         return tf.reduce_mean(tf.square(self.predict(weights, x) - y))
@@ -119,13 +130,13 @@ class Digits(Model):
             np.zeros(10, np.float32),
         ]
 
-    def predict(self, weights, x, training: bool = False):
+    def predict(self, weights, x, training: bool = False, state=None):
         import tensorflow as tf
 
         w1, b1, w2, b2 = weights
         return tf.matmul(tf.nn.relu(tf.matmul(x, w1) + b1), w2) + b2
 
-    def loss(self, weights, x, y, training: bool = False):
+    def loss(self, weights, x, y, training: bool = False, state=None):
         import tensorflow as tf
 
         logits = self.predict(weights, x)
@@ -179,6 +190,7 @@ class KerasModel(Model):
         self.keras_model = build()
         if not self.keras_model.built:
             self.keras_model.build((None,) + tuple(x.shape[1:]))
+        self._state0 = [np.asarray(v.numpy()) for v in self.keras_model.non_trainable_variables]
         self.classifier = (
             classifier
             if classifier is not None
@@ -197,18 +209,28 @@ class KerasModel(Model):
 
         return keras.losses.get(self._loss) if isinstance(self._loss, str) else self._loss
 
-    def predict(self, weights, x, training: bool = False):
-        model = self.keras_model
-        # Run the Keras graph with the engine's (remote) weights in place of its own;
-        # training=False for the held-out loss (dropout off, batch norm uses its averages).
-        return model.stateless_call(
-            [w for w in weights], [v.value for v in model.non_trainable_variables], x, training=training
-        )[0]
+    def initial_state(self) -> list[np.ndarray]:
+        return [np.asarray(a) for a in self._state0]
 
-    def loss(self, weights, x, y, training: bool = False):
+    def predict(self, weights, x, training: bool = False, state=None):
+        model = self.keras_model
+        # Run the Keras graph with the engine's (remote) weights in place of its own, and the
+        # non-trainable values the engine keeps (never the model's own variables: they belong to
+        # the connection they were made under).  training=False for the held-out loss.
         import tensorflow as tf
 
-        out = self.predict(weights, x, training=training)
+        values = [tf.convert_to_tensor(v) for v in (self._state0 if state is None else state)]
+        out, new_state = model.stateless_call(list(weights), list(values), x, training=training)
+        if training and state is not None:
+            for var, value in zip(state, new_state):
+                if hasattr(var, "assign"):  # a worker's copy: dropout seeds advance, statistics move
+                    var.assign(value)
+        return out
+
+    def loss(self, weights, x, y, training: bool = False, state=None):
+        import tensorflow as tf
+
+        out = self.predict(weights, x, training=training, state=state)
         return tf.reduce_mean(self._loss_fn()(y, out))
 
 
