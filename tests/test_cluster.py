@@ -318,6 +318,21 @@ def test_warm_start_takes_spares_after_a_stop(monkeypatch):
             )
         finally:
             second.close()
+        # a smaller cluster next: the pool still refills to the largest size seen (3), so a
+        # class going back to the bigger shape finds it warm
+        poll_for(lambda: len([p for p in pool.processes() if p.warm_at]) == 3, 120, what="3 spares refilled")
+        third = tfmagic.LocalCluster(ps=0, workers=1, pool=pool)
+        try:
+            assert third.start().warm == 1
+            poll_for(lambda: len([p for p in pool.processes() if p.warm_at]) == 3, 120, what="3 spares again")
+        finally:
+            third.close()
+        fourth = tfmagic.LocalCluster(ps=1, workers=2, pool=pool)
+        try:
+            outcome = fourth.start()
+            assert (outcome.warm, outcome.cold) == (3, 0)
+        finally:
+            fourth.close()
     finally:
         first.close()
         pool.shutdown()

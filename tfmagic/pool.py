@@ -1,10 +1,11 @@
 """Spare task processes: TensorFlow already imported, waiting for a role.
 
 Importing TensorFlow costs seconds per process and dominates a cluster's
-start.  After a cluster starts, the pool spawns as many spares as that
-cluster has tasks, in the background, so the *next* start (any shape up to
-that size) or a task restart takes warm processes and answers in well under
-a second.
+start.  After a cluster starts, the pool spawns as many spares as the
+largest cluster started so far has tasks, in the background, so the *next*
+start (any shape up to that size) or a task restart takes warm processes and
+answers in well under a second.  A shape bigger than any before pays the
+import for its extra tasks once.
 
 Spares belong to the process that made them: they outlive a cluster's
 ``stop`` but never their owner (they end with it like every task, see
@@ -88,6 +89,7 @@ class SparePool:
         self._spares: list[TaskProcess] = []
         self._seq = count(1)
         self._closed = False
+        self._largest: dict = {}  # launcher signature -> the most spares a fill asked for
 
     # -- budget ------------------------------------------------------------
     @property
@@ -134,11 +136,17 @@ class SparePool:
         return chosen
 
     def fill(self, launcher: Launcher, n: int) -> list[TaskProcess]:
-        """Spawn spares until ``n`` fit ``launcher`` (within the budget); returns new ones."""
+        """Spawn spares until ``n`` fit ``launcher`` (within the budget); returns new ones.
+
+        ``n`` never drops below the largest cluster filled for this launcher so
+        far: a class that goes 1+4 -> 1+1 -> 1+4 finds the last start warm too.
+        """
         capacity = self.capacity()  # measures a spare: outside the lock
         with self._lock:
             if self._closed:
                 return []
+            n = max(n, self._largest.get(launcher.signature, 0))
+            self._largest[launcher.signature] = n
             have = sum(
                 1
                 for p in self._spares
