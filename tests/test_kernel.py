@@ -165,12 +165,21 @@ def test_stop_under_a_connected_client_is_quiet_and_no_cluster_cases(kernel, sta
     assert "no cluster is running" in usage_error(kernel.run("%tf_cluster logs worker:0"))
 
 
+WAIT_FOR_A_SPARE = (
+    "import time\nfrom tfmagic.pool import default_pool\n"
+    "deadline = time.time() + 120\n"
+    "while not [p for p in default_pool().processes() if p.warm_at] and time.time() < deadline: time.sleep(0.2)"
+)
+
+
 def test_unload_stops_everything():
-    k = Kernel(env={"TFMAGIC_SPARES": "0"})
+    """Tasks and warm spares end with %unload_ext."""
+    k = Kernel(env={"TFMAGIC_SPARES": "1", "TFMAGIC_SPARE_BUDGET": "2GB"})
     try:
         k.ok("%load_ext tfmagic\n%tf_cluster start --ps 0 --workers 1", timeout=180)
+        k.ok(WAIT_FOR_A_SPARE, timeout=180)
         pids = k.value("[p.pid for p in __import__('tfmagic').owner.processes()]")
-        assert pids
+        assert len(pids) >= 2, "a task and at least one spare"
         k.ok("%unload_ext tfmagic")
         assert_gone(pids, timeout=10)
     finally:
@@ -178,9 +187,12 @@ def test_unload_stops_everything():
 
 
 def test_kernel_shutdown_stops_everything():
-    k = Kernel(env={"TFMAGIC_SPARES": "0"})
+    """Tasks and warm spares end with a kernel shutdown."""
+    k = Kernel(env={"TFMAGIC_SPARES": "1", "TFMAGIC_SPARE_BUDGET": "2GB"})
     k.ok("%load_ext tfmagic\n%tf_cluster start --ps 0 --workers 1", timeout=180)
+    k.ok(WAIT_FOR_A_SPARE, timeout=180)
     pids = k.value("[p.pid for p in __import__('tfmagic').owner.processes()]")
+    assert len(pids) >= 2, "a task and at least one spare"
     k.shutdown()
     assert_gone(pids, timeout=15)
 
@@ -190,11 +202,7 @@ def test_kill_minus_9_of_the_kernel_leaves_nothing(tmp_path):
     k = Kernel(env={"TFMAGIC_SPARES": "1", "TFMAGIC_SPARE_BUDGET": "4GB"})
     try:
         k.ok("%load_ext tfmagic\n%tf_cluster start --ps 0 --workers 1", timeout=180)
-        k.ok(
-            "import time\nfrom tfmagic.pool import default_pool\n"
-            "deadline = time.time() + 120\n"
-            "while not default_pool().processes() and time.time() < deadline: time.sleep(0.2)"
-        )
+        k.ok(WAIT_FOR_A_SPARE, timeout=180)
         pids = k.value("[p.pid for p in __import__('tfmagic').owner.processes()]")
         assert len(pids) >= 2, "a task and at least one spare"
         os.kill(k.pid, signal.SIGKILL)

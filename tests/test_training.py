@@ -217,15 +217,16 @@ def test_sync_without_backups_fails_fast_with_a_clear_message(c3):
     assert time.monotonic() - t0 < 10
 
 
-def test_losing_the_ps_is_reported_within_seconds_and_training_resumes(c3):
-    run = TrainingRun(c3, "async", model="digits", steps=500, checkpoint_every=40, lr=0.05).start()
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_losing_the_ps_is_reported_within_seconds_and_training_resumes(c3, mode):
+    run = TrainingRun(c3, mode, model="digits", steps=500, checkpoint_every=40, lr=0.05).start()
     poll_for(
         lambda: run.history.steps >= 150 and run._last_checkpoint_step >= 40,
         60,
         what=lambda: f"150 updates and a checkpoint (errors: {run._checkpoint_errors})",
     )
     c3.kill("ps:0")
-    t0 = time.monotonic()
+    t0, killed_at = time.monotonic(), time.time()
     with pytest.raises(TrainingError, match=r"ps:0 was lost.*restart.*resume\(\)"):
         run.wait(timeout=30)
     assert time.monotonic() - t0 < 5
@@ -237,6 +238,9 @@ def test_losing_the_ps_is_reported_within_seconds_and_training_resumes(c3):
     assert h.error is None and h.final_accuracy > 0.85
     assert h.global_steps[-1].step >= 500
     assert any(e.kind == "resume" and str(ckpt_step) in e.detail for e in h.events)
+    if mode == "sync":  # every step after the checkpoint was made again, once
+        after = [g.step for g in h.global_steps if g.time > killed_at]
+        assert after == list(range(ckpt_step + 1, 501)), (ckpt_step, after[:5], after[-5:])
 
 
 def test_a_user_keras_model_trains(local_cluster):

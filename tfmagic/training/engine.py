@@ -716,7 +716,13 @@ class TrainingRun:
 
     # -- sync ----------------------------------------------------------------
     def _run_sync(self) -> None:
-
+        # A resumed run starts its workers afresh: they must not see the step the lost run
+        # had reached (they would compute it, the loop would wait for an earlier one: a hang
+        # found by the sync ps-loss test), nor its gradients still queued.
+        with self._cond:
+            self._current = -1
+        while not self._results.empty():
+            self._results.get_nowait()
         for w in self._workers.values():
             w.thread = threading.Thread(
                 target=_with_own_executor(self._sync_worker),
