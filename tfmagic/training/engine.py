@@ -932,15 +932,13 @@ class TrainingRun:
         """Weights, optimizer slots and the global step, read from the ps."""
         if not self._ps_alive():
             raise TrainingError("a ps task is not running")
-        import tensorflow as tf
-
         tensors = [*self.variables, *self.optimizer.slots, self.global_step]
         with client.gate.call():
-            # every copy is asked for before any is waited on: one round trip, not one per tensor
-            # (a checkpoint read one by one took over a second on a busy machine)
-            with tf.device("/job:localhost/replica:0/task:0/device:CPU:0"):
-                copies = [tf.identity(t) for t in tensors]
-            values = [c.numpy() for c in copies]
+            # One at a time, on purpose: asking for every copy first is one round trip instead
+            # of ten, but when the ps dies mid-read the copies still queued wait for it forever
+            # (measured: the run then never reported the lost ps).  One by one, the read that
+            # meets the dead ps fails and nothing else is waiting.
+            values = [t.numpy() for t in tensors]
         n = len(self.variables)
         # async calls after the last update still count the step up (and change nothing)
         return values[:n], values[n:-1], min(int(values[-1]), self.steps)
