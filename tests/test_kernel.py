@@ -249,7 +249,8 @@ def _dashboard_output(reply) -> tuple[dict, str]:
 
 def test_tf_dashboard_refreshes_while_training_then_keeps_and_publishes_its_last_frame(kernel):
     kernel.ok("%tf_cluster start --ps 1 --workers 2 --replace", timeout=180)
-    kernel.ok("run = %tf_train --mode async --model digits --steps 400 --lr 0.05 --no-dashboard")
+    # long enough (about 15 s here) that it is still training when the frames are counted
+    kernel.ok("run = %tf_train --mode async --model digits --steps 3000 --lr 0.05 --no-dashboard")
     reply = kernel.ok("%tf_dashboard")
     data, display_id = _dashboard_output(reply)
     assert display_id, "shown with a display id, so its last frame can be published"
@@ -266,11 +267,11 @@ def test_tf_dashboard_refreshes_while_training_then_keeps_and_publishes_its_last
     time.sleep(1.5)
     assert kernel.value("dash.frames") == frames, "it kept drawing after training ended"
     assert kernel.value("dash._image.value == dash.last_png and len(dash.last_png) > 1000"), "last frame kept"
-    assert "done, 400 updates" in kernel.value("dash._header.value")
+    assert "done, 3000 updates" in kernel.value("dash._header.value")
     # re-published with the last frame: what a saved notebook holds without widget state
     finals = kernel.updates_of(display_id)
     assert finals, "the last frame was not published to the notebook"
-    assert "async: 400 updates" in finals[-1]["text/plain"], finals[-1]["text/plain"]
+    assert "async: 3000 updates" in finals[-1]["text/plain"], finals[-1]["text/plain"]
     assert finals[-1]["image/png"] != data["image/png"]
 
 
@@ -333,12 +334,9 @@ def test_terminal_ipython_gets_text_and_a_picture_and_leaves_nothing_with_spares
         "%tf_cluster start --ps 1 --workers 1\n"
         "run = %tf_train --mode async --model digits --steps 40 --wait\n"
         "%tf_dashboard\n"
-        "import tfmagic, time\n"
+        "import tfmagic\n"
         f"tfmagic.Dashboard.latest().save({str(png)!r})\n"
-        "from tfmagic.pool import default_pool\n"
-        "deadline = time.time() + 120\n"
-        "while not [p for p in default_pool().processes() if p.warm_at] and time.time() < deadline:\n"
-        "    time.sleep(0.2)\n"
+        f"{WAIT_FOR_A_SPARE}\n"
         "print('PIDS', [p.pid for p in tfmagic.owner.processes()])\n"
     )
     env = dict(os.environ, TFMAGIC_SPARES="1", TFMAGIC_SPARE_BUDGET="2GB")

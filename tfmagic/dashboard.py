@@ -68,7 +68,6 @@ class Dashboard:
         self._fig = None
         self._widget = None
         self._display = None  # IPython DisplayHandle, when shown with show()
-        self.final_published = False
         Dashboard._latest = weakref.ref(self)
         self.marks: deque[Mark] = deque(maxlen=100)  # cluster events: slow, kill, restart, lost
         self.memory_every = 5.0  # seconds between memory (PSS) reads of each task
@@ -510,6 +509,5 @@ class Dashboard:
             return
         try:
             self._display.update(self)
-            self.final_published = True
         except Exception:  # noqa: BLE001 - the front end may be gone; the widget still holds the frame
             pass

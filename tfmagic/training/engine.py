@@ -987,4 +987,4 @@ class TrainingRun:
                     self.model.accuracy(w, tf.constant(data.x_test), tf.constant(data.y_test), state=st)
                 )
         self.final_weights = weights
-        self.final_state = state  # worker 0's non-trainable values (None: the model has none)
+        self.final_state = state  # the first running worker's non-trainable values (None: none)

@@ -61,7 +61,8 @@ class Model:
         """Non-trainable values (batch-norm statistics, dropout seeds); none for the built-in models.
 
         They are not averaged on the ps: each worker keeps and updates its own
-        copy, and the held-out loss uses worker 0's.
+        copy, and the held-out loss uses the first running worker's (worker 0
+        unless it was lost).
         """
         return []
 
@@ -220,7 +221,7 @@ class KerasModel(Model):
         import tensorflow as tf
 
         values = [tf.convert_to_tensor(v) for v in (self._state0 if state is None else state)]
-        out, new_state = model.stateless_call(list(weights), list(values), x, training=training)
+        out, new_state = model.stateless_call(list(weights), values, x, training=training)
         if training and state is not None:
             for var, value in zip(state, new_state):
                 if hasattr(var, "assign"):  # a worker's copy: dropout seeds advance, statistics move
