@@ -294,28 +294,87 @@ def test_the_held_out_loss_runs_the_model_in_inference_mode(local_cluster):
     assert abs(dropped - inference) > 1e-3  # the check can tell the two apart
 
 
-def test_a_keras_model_from_a_tf_data_input_fn(local_cluster):
+def _separable(n, seed):
+    import tensorflow as tf
+
+    x = tf.random.stateless_normal([n, 8], seed=(seed, 2))
+    return x, tf.cast(tf.reduce_sum(x, axis=1) > 0, tf.int32)
+
+
+def _small_classifier():
+    import keras
+
+    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(2)])
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_keras_input_fn_runs_on_each_worker(local_cluster, tmp_path, mode):
+    """input_fn(i, workers) runs in worker i's own process (read from /proc/self there), on a
+    stream longer than anything copied before (20,000 examples); eval_fn gives the held-out loss."""
     import keras
     import tensorflow as tf
 
     def input_fn(shard, shards):
-        x = tf.random.stateless_normal([600, 8], seed=(1, 2))
-        y = tf.cast(tf.reduce_sum(x, axis=1) > 0, tf.int32)
-        return tf.data.Dataset.from_tensor_slices((x, y)).shard(shards, shard)
-
-    def build():
-        return keras.Sequential(
-            [keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(2)]
-        )
+        # which process builds this shard: /proc/self is the process that reads it
+        tf.io.write_file(str(tmp_path / f"shard-{shard}-of-{shards}"), tf.io.read_file("/proc/self/stat"))
+        return tf.data.Dataset.from_tensor_slices(_separable(20000, 1)).shard(shards, shard).shuffle(512, seed=shard)
 
     model = KerasModel(
-        build,
+        _small_classifier,
         input_fn=input_fn,
+        eval_fn=lambda: tf.data.Dataset.from_tensor_slices(_separable(1000, 7)),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         classifier=True,
     )
-    h = tfmagic.train(local_cluster, mode="async", model=model, steps=300, lr=0.1)
-    assert h.final_accuracy > 0.9
+    assert len(model.data.x) == 0  # nothing to copy: the workers read their own input
+    h = tfmagic.train(local_cluster, mode=mode, model=model, steps=300, lr=0.1)
+    for i in range(2):
+        pid = int((tmp_path / f"shard-{i}-of-2").read_text().split()[0])
+        assert pid == local_cluster.procs[tfmagic.TaskName("worker", i)].pid, (i, pid)
+    assert not (tmp_path / "shard-0-of-1").exists()  # with eval_fn the kernel never calls input_fn
+    assert h.final_loss_label == "held-out loss"
+    assert h.final_accuracy > 0.9, h.summary()
+
+
+def test_without_eval_fn_the_loss_says_it_is_on_training_examples(local_cluster):
+    import keras
+    import tensorflow as tf
+
+    def input_fn(shard, shards):
+        return tf.data.Dataset.from_tensor_slices(_separable(600, 1)).shard(shards, shard)
+
+    model = KerasModel(
+        _small_classifier,
+        input_fn=input_fn,
+        eval_examples=100,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        classifier=True,
+    )
+    assert len(model.data.x_test) == 100
+    h = tfmagic.train(local_cluster, mode="async", model=model, steps=200, lr=0.1)
+    assert "loss on the first 100 training examples (no eval_fn)" in h.summary()
+    assert h.final_accuracy > 0.85, h.summary()
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"input_fn": lambda s, n: [1, 2]}, "must return a tf.data.Dataset"),
+        ({"input_fn": "data.csv"}, "must be a function"),
+        ({"input_fn": lambda s, n: _ds_of_x_only()}, r"\(x, y\) pairs"),
+        ({"x": np.zeros((4, 8)), "y": np.zeros(4), "input_fn": lambda s, n: None}, "not both"),
+        ({}, "needs x and y arrays or an input_fn"),
+    ],
+)
+def test_keras_model_bad_data_says_what_to_pass(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        KerasModel(_small_classifier, **kwargs)
+
+
+def _ds_of_x_only():
+    import tensorflow as tf
+
+    return tf.data.Dataset.from_tensor_slices(np.zeros((4, 8), np.float32))
 
 
 def test_tensorboard_event_files_per_mode_and_task(local_cluster, tmp_path):

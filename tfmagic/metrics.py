@@ -88,6 +88,7 @@ class History:
         self.started_at = time.time()
         self.ended_at: float | None = None
         self.final_loss: float | None = None  # on held-out data
+        self.final_loss_label = "held-out loss"  # what final_loss was measured on
         self.final_accuracy: float | None = None
         self.error: str | None = None
         self.checkpoint: str | None = None
@@ -241,6 +242,7 @@ class History:
             "global_steps": [asdict(g) for g in gsteps],
             "events": [asdict(e) for e in events],
             "final_loss": self.final_loss,
+            "final_loss_label": self.final_loss_label,
             "final_accuracy": self.final_accuracy,
             "error": self.error,
         }
@@ -249,7 +251,7 @@ class History:
         tp = self.throughput()
         lines = [
             f"{self.run}: {self.steps} updates"
-            + (f", held-out loss {self.final_loss:.4f}" if self.final_loss is not None else "")
+            + (f", {self.final_loss_label} {self.final_loss:.4f}" if self.final_loss is not None else "")
             + (f", accuracy {self.final_accuracy:.3f}" if self.final_accuracy is not None else "")
             + (f" (stopped: {self.error})" if self.error else "")
         ]

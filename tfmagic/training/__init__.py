@@ -140,6 +140,9 @@ class Comparison:
                 f"{h.run:7s} {h.steps:7d}  {secs:7.1f}  {h.updates_per_s():9.1f}  {tp.get('examples_per_s', 0):10.0f}"
                 f"  {loss:>13s}  {acc:>8s}"
             )
+        labels = {h.final_loss_label for h in self.histories} - {"held-out loss"}
+        if labels:  # e.g. a KerasModel without eval_fn
+            rows.append(f"(the loss column is the {', '.join(sorted(labels))})")
         return "\n".join(rows)
 
 

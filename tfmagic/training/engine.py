@@ -1,8 +1,8 @@
 """Sync and async parameter-server training, driven by this process (the client).
 
 The variables live on the ps tasks (spread round-robin when there are
-several); each worker holds its own shard of the data in its own memory and
-computes on it; this process only tells workers when to step and records
+several); each worker holds its own shard of the data in its own memory (or
+runs its own ``tf.data`` pipeline there) and computes on it; this process only tells workers when to step and records
 what happened.  One Python thread per worker makes one remote call per step.
 
 * **async** (Downpour-style): each worker's step reads the parameters,
@@ -215,6 +215,7 @@ class TrainingRun:
         self.name = name or mode
         self.initial_weights = initial_weights
         self.history = History(mode, run=self.name, workers=[f"worker:{i}" for i in range(self.workers_n)])
+        self.history.final_loss_label = self.model.eval_label
         self.history.config = {
             "mode": mode,
             "model": self.model.name,
@@ -408,16 +409,45 @@ class TrainingRun:
         )
 
     def _place(self, w: _Worker) -> None:
-        """Put this worker's data shard in its memory and build its step function."""
+        """Give this worker its input (its data shard, or its own input pipeline) and step function."""
         import tensorflow as tf
 
-        x, y = self.model.data.shard(w.index, self.workers_n)
-        n = len(x)
         batch = self.batch_size
         model, variables, opt, gstep = self.model, self.variables, self.optimizer, self.global_step
+        make_dataset = model.input_dataset(w.index, self.workers_n)
+        if make_dataset is not None:
+            # Traced here, run there: the pipeline (and its files) lives in the worker's process and
+            # each step takes its batch from an iterator on the worker: no data through this process.
+            def pipeline():
+                return make_dataset().repeat().batch(batch, drop_remainder=True).prefetch(1)
+
+            try:
+                built = _kept(tf.function(pipeline).get_concrete_function())
+            except Exception as exc:  # noqa: BLE001 - the user's input function
+                raise TrainingError(
+                    f"input_fn({w.index}, {self.workers_n}) could not be built: {type(exc).__name__}: "
+                    f"{str(exc).splitlines()[0] if str(exc) else ''}"
+                ) from None
+            with client.gate.call(), tf.device(w.task.device):
+                iterator = iter(built())
+            inputs = [iterator]
+
+            def take(k):
+                return iterator.get_next()
+
+        else:
+            x, y = model.data.shard(w.index, self.workers_n)
+            n = len(x)
+            with client.gate.call(), tf.device(w.task.device):
+                xs = tf.identity(tf.convert_to_tensor(x))
+                ys = tf.identity(tf.convert_to_tensor(y))
+            inputs = [xs, ys]
+
+            def take(k):
+                idx = (k * batch + tf.range(batch, dtype=tf.int64)) % n
+                return tf.gather(xs, idx), tf.gather(ys, idx)
+
         with client.gate.call(), tf.device(w.task.device):
-            xs = tf.identity(tf.convert_to_tensor(x))
-            ys = tf.identity(tf.convert_to_tensor(y))
             counter = tf.Variable(0, dtype=tf.int64, name=f"local_step_{w.index}")
             # the model's non-trainable values (batch-norm statistics, dropout seeds): this worker's own
             state = [tf.Variable(a, trainable=False) for a in model.initial_state()]
@@ -427,10 +457,6 @@ class TrainingRun:
                 if self.mode == "async"
                 else None
             )
-
-        def take(k):
-            idx = (k * batch + tf.range(batch, dtype=tf.int64)) % n
-            return tf.gather(xs, idx), tf.gather(ys, idx)
 
         if self.mode == "async":
             limit = self.steps
@@ -481,7 +507,7 @@ class TrainingRun:
                 grads = tape.gradient(loss, variables)
                 return tf.stack([tf.cast(loss, tf.float64), tf.cast(k, tf.float64)]), grads
 
-        w.fn, w.counter, w.tensors, w.ring, w.seen_k = _kept(step), counter, [xs, ys], ring, -1
+        w.fn, w.counter, w.tensors, w.ring, w.seen_k = _kept(step), counter, inputs, ring, -1
         w.state = state
         w.rebuild = False
         w.errors = 0

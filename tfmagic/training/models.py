@@ -36,6 +36,8 @@ class Model:
 
     name = "model"
     classifier = False
+    #: what the engine's final loss is measured on (History.final_loss_label)
+    eval_label = "held-out loss"
 
     def __init__(self, data: Data):
         self.data = data
@@ -56,6 +58,17 @@ class Model:
 
     def predict(self, weights, x, training: bool = False, state=None):  # pragma: no cover - interface
         raise NotImplementedError
+
+    def input_dataset(self, index: int, count: int):
+        """A function building worker ``index`` of ``count``'s ``tf.data.Dataset``, or None.
+
+        None (the built-in models, and Keras models given arrays): the engine
+        copies ``data.shard(index, count)`` into the worker's memory once and
+        takes batches from it there.  A function: the engine traces it here
+        and runs it on the worker, so the input pipeline (files, maps,
+        shuffles) runs in the worker's process and only the graph is sent.
+        """
+        return None
 
     def initial_state(self) -> list[np.ndarray]:
         """Non-trainable values (batch-norm statistics, dropout seeds); none for the built-in models.
@@ -149,11 +162,24 @@ class Digits(Model):
 class KerasModel(Model):
     """Any Keras model: ``build`` returns it; data as arrays or a tf.data input function.
 
-    ``input_fn(shard_index, num_shards)`` may return a ``tf.data.Dataset`` of
-    ``(x, y)`` examples (unbatched); its first ``max_examples`` are taken per
-    shard and kept on that worker.  Weights are the model's trainable
-    variables, in order; the engine places copies on the ps tasks and
-    applies its own optimizer, so the model's ``compile`` settings are not used.
+    With arrays (``x=``, ``y=``), ``test_fraction`` of them is held out and
+    each worker gets every ``workers``-th remaining example, copied once into
+    its memory.
+
+    With ``input_fn(shard_index, num_shards)`` returning a ``tf.data.Dataset``
+    of unbatched ``(x, y)`` examples for that shard, the function runs **on
+    each worker** (traced here, executed in the worker's process: files it
+    reads must exist on the worker's host).  The engine repeats the shard and
+    batches it; shuffling is the input function's choice.  Python code inside
+    it (``from_generator``, ``tf.py_function``) still runs in this process,
+    as TensorFlow places it.  The held-out loss is measured here on
+    ``eval_fn()``'s first ``eval_examples`` examples; without ``eval_fn``, on
+    the first ``eval_examples`` of ``input_fn(0, 1)``, which are also trained
+    on (the history says so).
+
+    Weights are the model's trainable variables, in order; the engine places
+    copies on the ps tasks and applies its own optimizer, so the model's
+    ``compile`` settings are not used.
 
     >>> KerasModel(lambda: keras.Sequential([...]), x=x, y=y, loss="mse")   # doctest: +SKIP
     """
@@ -167,30 +193,38 @@ class KerasModel(Model):
         x=None,
         y=None,
         input_fn: Callable | None = None,
+        eval_fn: Callable | None = None,
+        eval_examples: int = 2048,
         loss: str | Callable = "sparse_categorical_crossentropy",
         test_fraction: float = 0.2,
-        max_examples: int = 4096,
         classifier: bool | None = None,
         seed: int = 0,
     ):
+        self.input_fn = input_fn
         if input_fn is not None:
-            xs, ys = [], []
-            for ex_x, ex_y in input_fn(0, 1).take(max_examples):
-                xs.append(np.asarray(ex_x))
-                ys.append(np.asarray(ex_y))
-            x, y = np.stack(xs), np.stack(ys)
-        if x is None or y is None:
-            raise ValueError("KerasModel needs x and y arrays or an input_fn returning a tf.data.Dataset")
-        x, y = np.asarray(x, np.float32), np.asarray(y)
-        order = np.random.default_rng(seed).permutation(len(x))
-        x, y = x[order], y[order]
-        cut = int(len(x) * (1 - test_fraction))
-        super().__init__(Data(x[:cut], y[:cut], x[cut:], y[cut:]))
+            if x is not None or y is not None:
+                raise ValueError("KerasModel takes x and y arrays or an input_fn, not both")
+            if not callable(input_fn):
+                raise ValueError("input_fn must be a function (shard_index, num_shards) -> tf.data.Dataset")
+            source = eval_fn() if eval_fn is not None else input_fn(0, 1)
+            xt, yt = _examples(source, eval_examples, "eval_fn()" if eval_fn is not None else "input_fn(0, 1)")
+            if eval_fn is None:
+                self.eval_label = f"loss on the first {len(xt)} training examples (no eval_fn)"
+            data = Data(xt[:0], yt[:0], xt, yt)
+        else:
+            if x is None or y is None:
+                raise ValueError("KerasModel needs x and y arrays or an input_fn returning a tf.data.Dataset")
+            x, y = np.asarray(x, np.float32), np.asarray(y)
+            order = np.random.default_rng(seed).permutation(len(x))
+            x, y = x[order], y[order]
+            cut = int(len(x) * (1 - test_fraction))
+            data = Data(x[:cut], y[:cut], x[cut:], y[cut:])
+        super().__init__(data)
         self._build = build
         self._loss = loss
         self.keras_model = build()
         if not self.keras_model.built:
-            self.keras_model.build((None,) + tuple(x.shape[1:]))
+            self.keras_model.build((None,) + tuple(data.x_test.shape[1:]))
         self._state0 = [np.asarray(v.numpy()) for v in self.keras_model.non_trainable_variables]
         self.classifier = (
             classifier
@@ -201,6 +235,12 @@ class KerasModel(Model):
                 "categorical_crossentropy",
             )
         )
+
+    def input_dataset(self, index: int, count: int):
+        if self.input_fn is None:
+            return None
+        input_fn = self.input_fn
+        return lambda: input_fn(index, count)
 
     def initial_weights(self, seed: int) -> list[np.ndarray]:
         return [np.asarray(v.numpy()) for v in self.keras_model.trainable_variables]
@@ -233,6 +273,24 @@ class KerasModel(Model):
 
         out = self.predict(weights, x, training=training, state=state)
         return tf.reduce_mean(self._loss_fn()(y, out))
+
+
+def _examples(dataset, limit: int, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """The first ``limit`` (x, y) examples of ``dataset`` as two arrays (read in this process)."""
+    import tensorflow as tf
+
+    if not isinstance(dataset, tf.data.Dataset):
+        raise ValueError(f"{what} must return a tf.data.Dataset of (x, y) examples, not {type(dataset).__name__}")
+    spec = dataset.element_spec
+    if not (isinstance(spec, tuple) and len(spec) == 2):
+        raise ValueError(f"{what} must return a Dataset of (x, y) pairs; its elements are {spec}")
+    xs, ys = [], []
+    for ex_x, ex_y in dataset.take(limit):
+        xs.append(np.asarray(ex_x))
+        ys.append(np.asarray(ex_y))
+    if not xs:
+        raise ValueError(f"{what} returned an empty Dataset; the held-out loss needs examples")
+    return np.stack(xs), np.stack(ys)
 
 
 BUILTIN = {"linear": Linear, "digits": Digits}
