@@ -43,8 +43,9 @@ kernel becomes the client.
     code("%load_ext tfmagic"),
     code("%tf_cluster start --ps 1 --workers 2"),
     md("""
-Three processes are now running, one per task. Each one imported TensorFlow and started a server;
-`start` returned only once every server accepted connections. The **spec** is the map of the cluster,
+Three processes are now running, one per task. Each one imported TensorFlow's server modules (not its
+whole Python API, which a server does not need) and started a server; `start` returned only once every
+server accepted connections. The **spec** is the map of the cluster,
 and each task also gets the `TF_CONFIG` a TF2 program would read:
 """),
     code("%tf_cluster spec"),

@@ -34,6 +34,34 @@ def px_cluster():
     assert_gone(pids)
 
 
+@pytest.mark.parametrize("full", [False, True])
+def test_tasks_serve_on_the_server_core_and_complete_the_api_for_a_first_cell(monkeypatch, full):
+    """A task imports only TensorFlow's server modules, serves the kernel's ops with them, and
+    completes the Python API (tf.keras too) when a first cell needs it, in the same process.
+    TFMAGIC_FULL_IMPORT=1 imports everything at start instead."""
+    import tensorflow as tf
+
+    if full:
+        monkeypatch.setenv("TFMAGIC_FULL_IMPORT", "1")
+    with tfmagic.LocalCluster(ps=0, workers=1, spares=False, name="core") as cluster:
+        proc = cluster.procs[tfmagic.TaskName("worker", 0)]
+        assert proc.api_complete is full
+        cluster.connect()
+        with cluster.device("worker:0"):
+            assert float(tf.reduce_sum(tf.constant([1.0, 2.0]) * 2)) == 6.0
+        served = psutil.Process(proc.task_pid).memory_info().rss
+        r = run_px(cluster, "import tensorflow\nprint(tensorflow is tf, tf.__version__, tf.keras.layers.Dense.__name__)")
+        assert r.importing == ([] if full else ["worker:0"])
+        out = r.wait(120)["worker:0"]
+        assert out.status == "ok", out.traceback
+        assert out.stdout.strip() == f"True {tf.__version__} Dense"
+        completed = psutil.Process(proc.task_pid).memory_info().rss
+        if not full:  # the API is most of a task's memory: serving alone did not pay for it
+            assert completed - served > 150 * 2**20, (served, completed)
+            assert "completed TensorFlow's Python API" in cluster.logs("worker:0", tail=200)
+        assert run_px(cluster, "1").importing == []
+
+
 def test_each_task_finds_its_context_and_keeps_its_namespace(px_cluster):
     r = run_px(px_cluster, "import json, os\nme = (job_name, task_index)\n"
                "print(server.target, json.loads(os.environ['TF_CONFIG'])['task'], cluster.num_tasks('worker'))")
@@ -179,9 +207,11 @@ def test_tf_px_magic_streams_prefixed_lines_and_binds_results():
         k.ok("%load_ext tfmagic\n%tf_cluster start --ps 1 --workers 2", timeout=180)
         reply = k.ok("%%tf_px --targets worker:* -o where\nprint('hello from', job_name, task_index)\ntask_index * 10")
         assert "[worker:0] hello from worker 0" in reply.stdout and "[worker:1] hello from worker 1" in reply.stdout
+        assert "(worker:0, worker:1: importing TensorFlow's Python API for a first cell" in reply.stderr
         assert k.value("where") == {"worker:0": 0, "worker:1": 10}
         bad = k.run("%%tf_px --targets worker:1\nraise ValueError('nope')")
         assert bad.status == "error" and "[worker:1] ValueError: nope" in bad.text
+        assert "importing TensorFlow" not in bad.text  # once per task
         assert "worker:1 raised ValueError" in bad.text
         intr = k.run("%%tf_px --targets worker:*\nimport time\nwhile True:\n    time.sleep(0.1)", timeout=60, interrupt_after=3)
         assert intr.status == "error" and "interrupted" in intr.text

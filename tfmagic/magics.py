@@ -647,6 +647,12 @@ class TfMagics(Magics):
         """Print the tasks' output as it arrives; returns what went wrong, per task."""
         import queue as _queue
 
+        if run.importing:
+            print(
+                f"({', '.join(run.importing)}: importing TensorFlow's Python API for a first cell, "
+                "a few seconds; the servers did not need it)",
+                file=sys.stderr,
+            )
         interrupted_at = None
         while True:
             try:

@@ -1,7 +1,8 @@
-"""Spare task processes: TensorFlow already imported, waiting for a role.
+"""Spare task processes: TensorFlow's server core already imported, waiting for a role.
 
-Importing TensorFlow costs seconds per process and dominates a cluster's
-start.  After a cluster starts, the pool spawns as many spares as the
+Importing TensorFlow (even only its server core, see
+:class:`tfmagic.task_main.ServerCore`) and starting Python costs most of a
+cluster's start.  After a cluster starts, the pool spawns as many spares as the
 largest cluster started so far has tasks, in the background, so the *next*
 start (any shape up to that size) or a task restart takes warm processes and
 answers in well under a second.  A shape bigger than any before pays the
@@ -29,8 +30,8 @@ from . import owner
 if TYPE_CHECKING:
     from .launchers.base import Launcher, TaskProcess
 
-#: Memory one spare costs before we have measured one (PSS, measured here:
-#: ~0.35 GB; a little more to stay on the safe side).
+#: Memory one spare costs before we have measured one (PSS measured here:
+#: 0.18 GB beside other TensorFlow processes, 0.37 GB alone; the safe side).
 DEFAULT_SPARE_BYTES = 420 * 2**20
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "m": 2**20, "mb": 2**20, "g": 2**30, "gb": 2**30}
 

@@ -101,6 +101,8 @@ class PxRun:
         self._listeners = {}
         self._last_report: dict[str, float] = {}
         self._seen_steps: set[int] = set()
+        #: tasks whose first cell this is: they complete TensorFlow's Python API first (seconds)
+        self.importing: list[str] = []
 
     # -- sending ---------------------------------------------------------------
     def start(self) -> PxRun:
@@ -115,6 +117,9 @@ class PxRun:
             self._procs[str(task)] = proc
             self._listeners[str(task)] = self._listener(str(task))
             proc.listeners.append(self._listeners[str(task)])
+            if not proc.api_complete:
+                self.importing.append(str(task))
+                proc.api_complete = True  # the task completes it before it runs this cell
             proc.send("exec", id=self.id, code=self.code, filename=f"<tf_px {task}>")
             self._last_report[str(task)] = time.time()
         from .training import set_last_run

@@ -63,6 +63,8 @@ class TaskProcess:
         self.running_at: float | None = None
         self.import_s: float | None = None
         self.tf_version: str | None = None
+        #: whether the task has TensorFlow's whole Python API (else only its server core)
+        self.api_complete = False
         self.task: TaskName | None = None
         self.port: int | None = None
         self.state = TaskState.IMPORTING
@@ -111,6 +113,7 @@ class TaskProcess:
                 self.warm_at = time.time()
                 self.import_s = msg.get("import_s")
                 self.tf_version = msg.get("tf_version")
+                self.api_complete = bool(msg.get("api", True))
                 if self.state is TaskState.IMPORTING:
                     self.state = TaskState.SPARE
             elif event == protocol.READY:
