@@ -2,15 +2,18 @@
 
 Alternates async runs on one 1 ps + 2 worker cluster, without and with a
 Dashboard refreshing every 0.5 s (drawing frames exactly as in a notebook),
-and prints the median ratio and the time to draw one frame.
+and prints the median ratio, the time to draw one frame, and the CPU the
+dashboard's thread used per second of training (a figure the machine's
+noise does not move much, unlike the ratio).
 
-    python bench/dashboard.py [--rounds 6] [--steps 1500]
+    python bench/dashboard.py [--rounds 10] [--steps 1500]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import time
 
 import tfmagic
 from tfmagic.dashboard import Dashboard
@@ -25,10 +28,18 @@ def rate(h) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--steps", type=int, default=1500)
     args = parser.parse_args()
-    plain, live, draws, frames = [], [], [], []
+    plain, live, draws, frames, full, cpu = [], [], [], [], [], []
+    update = Dashboard.update
+
+    def timed_update(self):  # CPU time of the refresh thread, frame by frame
+        t0 = time.thread_time()
+        update(self)
+        self.cpu_s = getattr(self, "cpu_s", 0.0) + time.thread_time() - t0
+
+    Dashboard.update = timed_update
     model = Digits()
     with tfmagic.LocalCluster(ps=1, workers=2, spares=False) as cluster:
         tfmagic.train(cluster, mode="async", model=model, steps=100)  # warm up connections and tracing
@@ -42,9 +53,12 @@ def main() -> None:
                 dash = Dashboard(cluster, runs=[run], refresh=0.5)
                 run.start()
                 dash.start()
-                live.append(rate(run.wait()))
+                h = run.wait()
+                live.append(rate(h))
                 dash.wait(30)
                 frames.append(dash.frames)
+                full.append(dash.full_draws)
+                cpu.append(dash.cpu_s / (h.ended_at - h.started_at))
                 # time frames on their own, with the run's data
                 for _ in range(5):
                     dash.draw()
@@ -54,6 +68,8 @@ def main() -> None:
     print(f"async with dashboard   : median {b:6.1f} updates/s {[round(x, 1) for x in live]} (frames drawn {frames})")
     print(f"ratio with / without   : {b / a:.2f}  (aim >= 0.95)")
     print(f"time to draw one frame : median {statistics.median(draws) * 1000:.1f} ms, max {max(draws) * 1000:.1f} ms")
+    print(f"axes redrawn per run   : {full} (60-140 ms each; the other frames only redraw lines)")
+    print(f"dashboard thread CPU   : median {statistics.median(cpu) * 1000:.0f} ms per second of training")
 
 
 if __name__ == "__main__":

@@ -89,3 +89,46 @@ def test_history_throughput_and_dropped():
     assert tp["worker:0"]["steps"] == 10
     assert tp["worker:0"]["examples_per_s"] == pytest.approx(32 * tp["worker:0"]["steps_per_s"])
     assert h.dropped() == {"worker:1": 5}
+
+
+def test_frames_redraw_the_axes_rarely_and_keep_all_data_in_view():
+    """A usual frame redraws only the lines (9 ms here); a change of axis limits redraws
+    everything (60-140 ms, holding the Python lock the training threads need). Limits grow in
+    few large steps: over a 20,000-update run drawn 40 times, the axes are redrawn a handful
+    of times, and every frame still shows all the data."""
+    from tfmagic.dashboard import Dashboard
+
+    h = History("async", run="async", workers=["worker:0"])
+    dash = Dashboard(None, runs=[h], refresh=0.5)
+    t0 = time.time()
+    for frame in range(40):
+        for i in range(frame * 500, (frame + 1) * 500):
+            loss = 2.0 / (1 + i / 50)  # falls through four decades
+            h.add_step(StepRecord("worker:0", i, t0 + i * 0.005, t0 + i * 0.005, loss, mode="async"))
+            h.add_global(GlobalStep(i + 1, t0 + i * 0.005, loss))
+        dash.draw()
+        for ax in dash._axes:  # every plotted point is inside its axes
+            (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
+            for line in ax.get_lines():
+                xs, ys = line.get_data()
+                if len(xs) and line.get_transform() == ax.transData:
+                    assert x0 <= min(xs) and max(xs) <= x1 and y0 <= min(ys) and max(ys) <= y1, (frame, ax)
+    assert dash.frames == 40
+    assert dash.full_draws <= 12, dash.full_draws
+
+
+def test_a_dashboard_opened_after_a_run_shows_all_of_it():
+    """%tf_dashboard on a run that trained a minute ago: its loss over time starts at 0 s, in view."""
+    from tfmagic.dashboard import Dashboard
+
+    h = History("sync", run="sync", workers=["worker:0"])
+    h.started_at = t0 = time.time() - 60
+    for i in range(200):
+        h.add_global(GlobalStep(i + 1, t0 + i * 0.1, 1.0 / (i + 1)))
+    h.add_event(Event(t0 + 5, "slow", "worker:0", "x4", step=50))
+    dash = Dashboard(None, runs=[h])
+    dash.draw()
+    _, _, ax_time = dash._axes
+    (line,) = [ln for ln in ax_time.get_lines() if ln.get_label() == "sync"]
+    xs = line.get_data()[0]
+    assert min(xs) == pytest.approx(0.0, abs=0.2) and max(xs) <= ax_time.get_xlim()[1], (min(xs), max(xs))
