@@ -223,7 +223,9 @@ class Dashboard:
         lim["tp_y"] = grow(lim.get("tp_y", 50.0), max(ys_tp), 2.0)
         runs = [x for r in self._runs for x in (getattr(r, "runs", None) or [r])]
         # planned updates: a TrainingRun knows them (a History's `steps` is only how many so far)
-        planned = max([r.steps for r in runs if hasattr(r, "history") and isinstance(r.steps, int)] + [0])
+        planned = max(
+            [r.steps for r in runs if hasattr(r, "history") and isinstance(getattr(r, "steps", None), int)] + [0]
+        )
         # A quarter of the planned steps first (a 20,000-step run is not a sliver at the left
         # edge for long), then fourfold up to the planned steps: one redraw in a run.
         first = float(min(planned, max(100, planned / 4))) if planned else 100.0
