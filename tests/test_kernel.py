@@ -237,6 +237,25 @@ def test_tf_train_in_the_background_and_failure_injection_magics(kernel):
     kernel.ok("%%tf_device worker:1\nprint((tf.constant(2.0) * 5).numpy())")
 
 
+def test_tf_train_takes_a_keras_model_by_its_variable_name(kernel):
+    kernel.ok("%tf_cluster start --ps 1 --workers 2 --replace", timeout=180)
+    kernel.ok(
+        "import keras, tensorflow as tf\n"
+        "def input_fn(shard, shards):\n"
+        "    x = tf.random.stateless_normal([2000, 8], seed=(1, 2))\n"
+        "    y = tf.cast(tf.reduce_sum(x, axis=1) > 0, tf.int32)\n"
+        "    return tf.data.Dataset.from_tensor_slices((x, y)).shard(shards, shard)\n"
+        "net = tfmagic.KerasModel(\n"
+        "    lambda: keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)]), input_fn=input_fn,\n"
+        "    loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), classifier=True)",
+        timeout=120,
+    )
+    kernel.ok("run = %tf_train --model net --mode async --steps 200 --wait --no-dashboard", timeout=180)
+    assert kernel.value("run.history.steps") == 200
+    assert kernel.value("run.history.final_accuracy") > 0.85
+    assert "(no eval_fn)" in kernel.value("run.history.summary()")
+
+
 WIDGET = "application/vnd.jupyter.widget-view+json"
 
 
@@ -303,7 +322,8 @@ def test_tf_dashboard_says_what_to_do_when_there_is_nothing_to_show():
     [
         ("%tf_train --mode sideways", "unknown mode"),
         ("%tf_train --backup-workers 2", "at most 1"),
-        ("%tf_train --model resnet", "unknown model"),
+        ("%tf_train --model resnet", "unknown model 'resnet'; use linear, digits, or the name of a tfmagic.KerasModel"),
+        ("%tf_train --model tfmagic", "tfmagic is a module, not a model; wrap it as"),
         ("%tf_train --steps x", "not a whole number"),
         ("%tf_cluster slow worker:1 --factor 0.5", "factor must be"),
         ("%tf_cluster slow", "needs a task"),

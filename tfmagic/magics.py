@@ -481,7 +481,9 @@ class TfMagics(Magics):
     @magic_arguments()
     @argument("--mode", default="sync", help="sync | async | compare (sync, then async, from the same start)")
     @argument(
-        "--model", default="linear", help="linear (y = 2x + 10) | digits (MLP on scikit-learn's digits)"
+        "--model",
+        default="linear",
+        help="linear (y = 2x + 10) | digits (MLP on scikit-learn's digits) | the name of a tfmagic.KerasModel variable",
     )
     @argument("--steps", type=_count, default=200, help="global updates to apply")
     @argument("--lr", type=float, default=0.1, help="learning rate")
@@ -511,6 +513,8 @@ class TfMagics(Magics):
             %tf_train --mode async --optimizer adagrad
             %tf_train --mode compare --backup-workers 1     # sync then async, same start
             run = %tf_train --mode async --steps 2000       # run.history, run.stop(), run.wait()
+            model = tfmagic.KerasModel(build_fn, input_fn=input_fn)
+            %tf_train --model model --mode async            # a Keras model, by its variable's name
 
         While it trains the kernel stays free: slow or kill a worker
         (%tf_cluster slow worker:1) and watch what each mode does.
@@ -520,7 +524,7 @@ class TfMagics(Magics):
         from . import training
 
         opts = dict(
-            model=args.model,
+            model=self._model(args.model),
             steps=args.steps,
             lr=args.lr,
             batch_size=args.batch_size,
@@ -550,6 +554,24 @@ class TfMagics(Magics):
             except TfmagicError as exc:
                 raise UsageError(str(exc)) from None
         return run
+
+    def _model(self, name: str):
+        """A built-in model's name, or the user's KerasModel (any Model) by its variable's name."""
+        from .training.models import BUILTIN, Model
+
+        if name in BUILTIN:
+            return name
+        value = self.shell.user_ns.get(name)
+        if isinstance(value, Model):
+            return value
+        if value is not None:
+            raise UsageError(
+                f"{name} is a {type(value).__name__}, not a model; wrap it as "
+                f"{name} = tfmagic.KerasModel(build_fn, x=..., y=...) or input_fn=..."
+            )
+        raise UsageError(
+            f"unknown model {name!r}; use {', '.join(BUILTIN)}, or the name of a tfmagic.KerasModel variable"
+        )
 
     def _show_dashboard(self, cluster, run, waiting: bool = False):
         from .dashboard import Dashboard
