@@ -356,6 +356,26 @@ def test_without_eval_fn_the_loss_says_it_is_on_training_examples(local_cluster)
     assert h.final_accuracy > 0.85, h.summary()
 
 
+def test_a_worker_whose_input_fn_shard_is_empty_stops_training_with_what_to_do(local_cluster):
+    import keras
+    import tensorflow as tf
+
+    def input_fn(shard, shards):  # worker 0 gets 3 examples, worker 1 none
+        x, y = _separable(3, 1)
+        return tf.data.Dataset.from_tensor_slices((x, y)).skip(3 * shard)
+
+    model = KerasModel(
+        _small_classifier,
+        input_fn=input_fn,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    run = TrainingRun(local_cluster, "async", model=model, steps=2000, batch_size=2).start()
+    run.wait(timeout=120, raise_error=False)
+    events = [(e.kind, e.task, e.detail[:120]) for e in run.history.events]
+    assert run.error is not None, events
+    assert "worker:1 has no training examples: input_fn(1, 2) returned an empty" in str(run.error), events
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [

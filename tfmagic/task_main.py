@@ -68,8 +68,9 @@ class TaskRuntime:
         }
         self.server = None
         self.task: tuple[str, int] | None = None
-        self.core = None  # TensorFlow's server modules (see import_server_core)
+        self.core: ServerCore | None = None  # TensorFlow's server modules, then its whole API
         self._cpu_only = False
+        self._gpus_hidden = False
         self._parent = os.getppid()
         self._throttle: subprocess.Popen | None = None
         self.slow_factor = 1.0
@@ -85,7 +86,7 @@ class TaskRuntime:
         a task that only serves never pays it.
         """
         tf = self.core.complete()
-        if self._cpu_only and not getattr(self, "_gpus_hidden", False):
+        if self._cpu_only and not self._gpus_hidden:
             tf.config.set_visible_devices([], "GPU")  # before the eager context starts
             self._gpus_hidden = True
         return tf

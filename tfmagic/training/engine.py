@@ -2,8 +2,8 @@
 
 The variables live on the ps tasks (spread round-robin when there are
 several); each worker holds its own shard of the data in its own memory (or
-runs its own ``tf.data`` pipeline there) and computes on it; this process only tells workers when to step and records
-what happened.  One Python thread per worker makes one remote call per step.
+runs its own ``tf.data`` pipeline there) and computes on it; this process
+only tells workers when to step and records what happened.  One Python thread per worker makes one remote call per step.
 
 * **async** (Downpour-style): each worker's step reads the parameters,
   computes a gradient on its next batch and applies it at once, all in one
@@ -50,6 +50,8 @@ FETCH_EVERY = 8
 RING = 512
 #: async: the step number in the ring of a call that came after the last update (nothing applied)
 SKIPPED = 0
+#: errors of a task coming or going (retried quietly), not of the step itself
+_CONNECTION_ERRORS = ("UnavailableError", "CancelledError", "AbortedError", "DeadlineExceededError")
 
 
 @contextlib.contextmanager
@@ -569,6 +571,14 @@ class TrainingRun:
         if dead_ps:
             self._fail(self._ps_lost_error(dead_ps[0]))
             return
+        if type(exc).__name__ == "OutOfRangeError" and self.model.input_dataset(w.index, self.workers_n):
+            self._fail(
+                TrainingError(
+                    f"{w.task} has no training examples: input_fn({w.index}, {self.workers_n}) returned an "
+                    "empty Dataset; give every shard some examples (or train on fewer workers)"
+                )
+            )
+            return
         proc = procs[w.task]
         if proc.alive and type(exc).__name__ in ("UnavailableError", "CancelledError"):
             # The task may be dying right now; give the owner a moment to see it.
@@ -691,19 +701,25 @@ class TrainingRun:
         if not pending and not final:
             return
         rows = None
+        error = None
         alive = self.cluster.procs[w.task].alive
         for _attempt in range(5 if final and alive else 1 if alive else 0):
             try:
                 with client.gate.call():
                     rows = w.ring.numpy()
                 break
-            except Exception:  # noqa: BLE001 - see the docstring
+            except Exception as exc:  # noqa: BLE001 - see the docstring
                 _clear_executor()
+                error = exc
                 if not self.cluster.procs[w.task].alive:
                     break  # the worker died with these numbers; the steps did happen
                 if final:
                     time.sleep(0.1)
         if rows is None:
+            if error is not None and not final and type(error).__name__ not in _CONNECTION_ERRORS:
+                # The steps' own failure, reported on this read (e.g. the worker's input ran
+                # out): handled as a failed step, not retried silently forever.
+                self._handle_error(w, error)
             if final or not self.cluster.procs[w.task].alive:
                 pending.clear()
             else:
