@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import threading
 import time
@@ -667,33 +668,58 @@ class TfMagics(Magics):
 
     def _follow_px(self, run) -> list[str]:
         """Print the tasks' output as it arrives; returns what went wrong, per task."""
-        import queue as _queue
-
         if run.importing:
             print(
                 f"({', '.join(run.importing)}: importing TensorFlow's Python API for a first cell, "
                 "a few seconds; the servers did not need it)",
                 file=sys.stderr,
             )
+        # While we wait here a kernel interrupt only sets a flag. Raised as KeyboardInterrupt at
+        # any bytecode, it can land inside the event queue's locking and leave its lock held; the
+        # tasks' reader threads and this loop then wait forever. A full test run once hung just
+        # after an interrupt in a way that fits this.
+        sigint = [False]
+        previous = None
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.signal(signal.SIGINT, lambda signum, frame: sigint.__setitem__(0, True))
+        try:
+            self._follow_px_events(run, sigint)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+        failed = []
+        for task, outcome in run.outcomes.items():
+            if outcome.status == "error":
+                failed.append(f"{task} raised {outcome.ename}")
+            elif outcome.status == "died":
+                failed.append(f"{task} died")
+            elif outcome.status == "interrupted":
+                failed.append(f"{task} interrupted")
+            elif outcome.status == "running":
+                failed.append(f"{task} still running")
+        return failed
+
+    @staticmethod
+    def _follow_px_events(run, sigint: list) -> None:
+        import queue as _queue
+
         interrupted_at = None
         while True:
-            try:
-                try:
-                    task, kind, payload = run.events.get(timeout=0.1)
-                except _queue.Empty:
-                    if run.done and run.events.empty():
-                        break
-                    if interrupted_at is not None and time.monotonic() - interrupted_at > 10:
-                        print(
-                            "Some tasks did not stop within 10 s of the interrupt; they go on in the background.",
-                            file=sys.stderr,
-                        )
-                        break
-                    continue
-            except KeyboardInterrupt:
+            if sigint[0] and interrupted_at is None:
                 run.interrupt()
                 interrupted_at = time.monotonic()
                 print("Interrupting the tasks' cells ...", file=sys.stderr)
+            try:
+                task, kind, payload = run.events.get(timeout=0.1)
+            except _queue.Empty:
+                if run.done and run.events.empty():
+                    break
+                if interrupted_at is not None and time.monotonic() - interrupted_at > 10:
+                    print(
+                        "Some tasks did not stop within 10 s of the interrupt; they go on in the background.",
+                        file=sys.stderr,
+                    )
+                    break
                 continue
             if kind == "stream":
                 name, text = payload
@@ -710,17 +736,6 @@ class TfMagics(Magics):
             elif kind == "died":
                 detail = payload.evalue if hasattr(payload, "evalue") else payload
                 print(f"[{task}] {detail}; see %tf_cluster logs {task}", file=sys.stderr)
-        failed = []
-        for task, outcome in run.outcomes.items():
-            if outcome.status == "error":
-                failed.append(f"{task} raised {outcome.ename}")
-            elif outcome.status == "died":
-                failed.append(f"{task} died")
-            elif outcome.status == "interrupted":
-                failed.append(f"{task} interrupted")
-            elif outcome.status == "running":
-                failed.append(f"{task} still running")
-        return failed
 
     # -- %%tf_device ---------------------------------------------------------
     @cell_magic
