@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import queue
 import re
+import tempfile
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from jupyter_client.manager import KernelManager
 
@@ -53,7 +55,12 @@ class Kernel:
         # ipykernel turns off forwarding of fd 1/2 to the frontend when it sees
         # pytest; a notebook user has it on, so the tests must too.
         kenv.pop("PYTEST_CURRENT_TEST", None)
-        self.km.start_kernel(env=kenv)
+        # The kernel's own stderr (what it prints outside cells, and how it died) goes to a file,
+        # quoted when the kernel dies or a cell times out.
+        fd, path = tempfile.mkstemp(prefix="tfmagic-test-kernel-", suffix=".stderr")
+        self.stderr_path = Path(path)
+        self._stderr = os.fdopen(fd, "wb")
+        self.km.start_kernel(env=kenv, stderr=self._stderr)
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=60)
@@ -85,10 +92,12 @@ class Kernel:
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"cell did not finish in {timeout} s: {code[:200]!r}\nso far: {reply.text[-2000:]}"
+                    f"\nthe kernel's stderr ends:\n{self.stderr_tail()}"
                 )
             try:
                 msg = self.kc.get_iopub_msg(timeout=0.2)
             except queue.Empty:
+                self._check_alive(code)
                 continue
             if msg["parent_header"].get("msg_id") != msg_id and not (idle and msg["msg_type"] == "stream"):
                 self.others.append(msg)
@@ -154,8 +163,26 @@ class Kernel:
             except queue.Empty:
                 return
 
+    def stderr_tail(self, chars: int = 3000) -> str:
+        try:
+            return self.stderr_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def _check_alive(self, code: str) -> None:
+        """Fail at once, saying how, when the kernel process has died (instead of waiting out the timeout)."""
+        process = getattr(self.km.provisioner, "process", None)
+        code_now = None if process is None else process.poll()
+        if code_now is not None:
+            raise RuntimeError(
+                f"the kernel died (exit code {code_now}) while running {code[:200]!r}; "
+                f"its stderr ends:\n{self.stderr_tail()}"
+            )
+
     def shutdown(self) -> None:
         try:
             self.kc.stop_channels()
         finally:
             self.km.shutdown_kernel(now=False)
+            self._stderr.close()
+            self.stderr_path.unlink(missing_ok=True)
