@@ -214,6 +214,7 @@ def test_kill_minus_9_of_the_kernel_leaves_nothing(tmp_path):
             k.km.cleanup_resources()
         except Exception:
             pass
+        k.stderr_path.unlink(missing_ok=True)
 
 
 def test_tf_train_in_the_background_and_failure_injection_magics(kernel):
