@@ -37,9 +37,14 @@ MARK_COLORS = {
 }
 
 
+def _each_run(runs) -> list:
+    """TrainingRuns, PxRuns and Histories as given; a Comparison as its runs."""
+    return [r for run in runs for r in (getattr(run, "runs", None) or [run])]
+
+
 def _histories(runs) -> list:
     """The histories behind TrainingRuns, Comparisons (all their runs), PxRuns and Histories."""
-    return [getattr(r, "history", r) for run in runs for r in (getattr(run, "runs", None) or [run])]
+    return [getattr(r, "history", r) for r in _each_run(runs)]
 
 
 def _started(history) -> float:
@@ -221,7 +226,7 @@ class Dashboard:
         # few, large steps: measured, a 3,000-step run redrew 8 times when they doubled.
         lim["tp_x"] = grow(lim.get("tp_x", 30.0), max(xs_tp + xs_time))
         lim["tp_y"] = grow(lim.get("tp_y", 50.0), max(ys_tp), 2.0)
-        runs = [x for r in self._runs for x in (getattr(r, "runs", None) or [r])]
+        runs = _each_run(self._runs)
         # planned updates: a TrainingRun knows them (a History's `steps` is only how many so far)
         planned = max(
             [r.steps for r in runs if hasattr(r, "history") and isinstance(getattr(r, "steps", None), int)] + [0]

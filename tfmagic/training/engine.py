@@ -3,7 +3,8 @@
 The variables live on the ps tasks (spread round-robin when there are
 several); each worker holds its own shard of the data in its own memory (or
 runs its own ``tf.data`` pipeline there) and computes on it; this process
-only tells workers when to step and records what happened.  One Python thread per worker makes one remote call per step.
+only tells workers when to step and records what happened.  One Python
+thread per worker makes one remote call per step.
 
 * **async** (Downpour-style): each worker's step reads the parameters,
   computes a gradient on its next batch and applies it at once, all in one
