@@ -301,7 +301,8 @@ print(f"held-out accuracy: {backup.final_accuracy:.3f} (no straggler: {base_sync
 
 Training runs in the background (`block=False`), so this notebook can kill a worker while it trains.
 Async goes on with the other two; when the worker is restarted, it rejoins. A restart without a warm spare
-imports TensorFlow afresh, which takes seconds on a busy machine, so the run is given more steps than it needs
+starts a new process that imports TensorFlow's server core, which can take seconds on a busy machine, so the run is
+given more steps than it needs
 and stopped once worker 2 has been back at work for 100 steps.
 """),
     code("""
