@@ -81,9 +81,13 @@ def tfmagic_rate(cluster, steps: int, batch: int, lr: float) -> float:
 
 
 def coordinator_rate(cluster, steps: int, batch: int, lr: float) -> float:
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(tfmagic.__file__)), GRPC_FAIL_FAST="use_caller")
+    env = dict(
+        os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(tfmagic.__file__)), GRPC_FAIL_FAST="use_caller"
+    )
     arg = json.dumps([cluster.cluster_def.as_dict(), steps, batch, lr, WARMUP])
-    out = subprocess.run([sys.executable, "-c", COORDINATOR, arg], capture_output=True, text=True, env=env, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-c", COORDINATOR, arg], capture_output=True, text=True, env=env, timeout=600
+    )
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RATE")]
     if not lines:
         raise RuntimeError(out.stderr[-3000:])

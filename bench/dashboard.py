@@ -65,9 +65,13 @@ def main() -> None:
                     draws.append(dash.last_draw_s)
     a, b = statistics.median(plain), statistics.median(live)
     print(f"async without dashboard: median {a:6.1f} updates/s {[round(x, 1) for x in plain]}")
-    print(f"async with dashboard   : median {b:6.1f} updates/s {[round(x, 1) for x in live]} (frames drawn {frames})")
+    print(
+        f"async with dashboard   : median {b:6.1f} updates/s {[round(x, 1) for x in live]} (frames drawn {frames})"
+    )
     print(f"ratio with / without   : {b / a:.2f}  (aim >= 0.95)")
-    print(f"time to draw one frame : median {statistics.median(draws) * 1000:.1f} ms, max {max(draws) * 1000:.1f} ms")
+    print(
+        f"time to draw one frame : median {statistics.median(draws) * 1000:.1f} ms, max {max(draws) * 1000:.1f} ms"
+    )
     print(f"axes redrawn per run   : {full} (60-140 ms each; the other frames only redraw lines)")
     print(f"dashboard thread CPU   : median {statistics.median(cpu) * 1000:.0f} ms per second of training")
 

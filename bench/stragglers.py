@@ -44,13 +44,17 @@ def main() -> None:
         print(f"unslowed: sync {base_sync * 1000:.1f} ms/update, async {base_async:.1f} updates/s")
         # If the other two workers keep their pace and worker:2 runs at 1/k, async keeps
         # (2 + 1/k) / 3 of its throughput; more when the CPU worker:2 gives up speeds the others.
-        print(" k    sync step ratio   async throughput ratio (others keep pace: (2+1/k)/3)   async steps/s per worker, over unslowed")
+        print(
+            " k    sync step ratio   async throughput ratio (others keep pace: (2+1/k)/3)   async steps/s per worker, over unslowed"
+        )
         for k in args.factors:
             cluster.slow("worker:2", k)
             s = sync_step(cluster, args.steps, model, args.batch)
             a, tasks = async_rate(cluster, args.steps, model, args.batch)
             per = "  ".join(f"{t} {tasks[t] / base_tasks[t]:.2f}" for t in sorted(tasks))
-            print(f"{k:4g}  {s / base_sync:10.2f}        {a / base_async:10.2f} ({(2 + 1 / k) / 3:.2f})                          {per}")
+            print(
+                f"{k:4g}  {s / base_sync:10.2f}        {a / base_async:10.2f} ({(2 + 1 / k) / 3:.2f})                          {per}"
+            )
         cluster.slow("worker:2", 4)
         backup = sync_step(cluster, args.steps, model, args.batch, backup=1)
         cluster.slow("worker:2", 1)

@@ -561,7 +561,9 @@ else:
 if SSH_HOSTS:
     %tf_cluster status
 """),
-    md("The log of a remote task comes back over its SSH session, so it is one command away as for a local one:"),
+    md(
+        "The log of a remote task comes back over its SSH session, so it is one command away as for a local one:"
+    ),
     code("""
 if SSH_HOSTS:
     %tf_cluster logs worker:0 --tail 3

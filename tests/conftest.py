@@ -21,7 +21,10 @@ os.environ.setdefault("TFMAGIC_SPARES", "0")
 
 
 def poll_for(
-    predicate: Callable[[], object], timeout: float = 30.0, interval: float = 0.05, what: str | Callable[[], str] = "condition"
+    predicate: Callable[[], object],
+    timeout: float = 30.0,
+    interval: float = 0.05,
+    what: str | Callable[[], str] = "condition",
 ):
     """Wait until ``predicate()`` is truthy and return it; fail with ``what`` after ``timeout``."""
     deadline = time.monotonic() + timeout
@@ -30,7 +33,9 @@ def poll_for(
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what() if callable(what) else what}")
+            raise AssertionError(
+                f"timed out after {timeout:g} s waiting for {what() if callable(what) else what}"
+            )
         time.sleep(interval)
 
 

@@ -147,12 +147,16 @@ def _start_sshd(root: Path, name: str, host_key: Path, listen: str, port: int, n
         log.close()
 
 
-def _client_config(hosts: SSHHosts, user_key: Path, host_key: Path, entries: list[tuple[str, str, int]]) -> None:
+def _client_config(
+    hosts: SSHHosts, user_key: Path, host_key: Path, entries: list[tuple[str, str, int]]
+) -> None:
     pub = Path(f"{host_key}.pub").read_text().split()
     known = []
     lines = []
     for alias, address, port in entries:
-        known.append(f"[{address}]:{port} {pub[0]} {pub[1]}" if port != 22 else f"{address} {pub[0]} {pub[1]}")
+        known.append(
+            f"[{address}]:{port} {pub[0]} {pub[1]}" if port != 22 else f"{address} {pub[0]} {pub[1]}"
+        )
         lines += [
             f"Host {alias}",
             f"  HostName {address}",

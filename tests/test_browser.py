@@ -249,8 +249,10 @@ def test_dashboard_is_live_in_jupyterlab(server):
             interval=0.2,
             what=f"worker:1's rate to drop below half of {peak:.0f} steps/s",
         )
-        print(f"worker:1 {peak:.0f} -> {_rate(page, 'worker:1'):.0f} steps/s, "
-              f"{time.monotonic() - seen:.1f} s after the page showed the slow mark")
+        print(
+            f"worker:1 {peak:.0f} -> {_rate(page, 'worker:1'):.0f} steps/s, "
+            f"{time.monotonic() - seen:.1f} s after the page showed the slow mark"
+        )
         page.locator(".tfmagic-dashboard").first.screenshot(path=str(ARTIFACTS / "jupyterlab-slowed.png"))
     finally:
         browser.close()

@@ -83,8 +83,19 @@ def test_history_throughput_and_dropped():
     t = time.time()
     for i in range(10):
         h.add_step(StepRecord("worker:0", i, t + i, t + i + 0.5, 1.0, mode="sync", examples=32))
-        h.add_step(StepRecord("worker:1", i, t + i, t + i + 0.9, 1.0, mode="sync", examples=32,
-                              applied=i % 2 == 0, dropped=i % 2 == 1))
+        h.add_step(
+            StepRecord(
+                "worker:1",
+                i,
+                t + i,
+                t + i + 0.9,
+                1.0,
+                mode="sync",
+                examples=32,
+                applied=i % 2 == 0,
+                dropped=i % 2 == 1,
+            )
+        )
     tp = h.throughput()
     assert tp["worker:0"]["steps"] == 10
     assert tp["worker:0"]["examples_per_s"] == pytest.approx(32 * tp["worker:0"]["steps_per_s"])

@@ -323,7 +323,10 @@ def test_tf_dashboard_says_what_to_do_when_there_is_nothing_to_show():
     [
         ("%tf_train --mode sideways", "unknown mode"),
         ("%tf_train --backup-workers 2", "at most 1"),
-        ("%tf_train --model resnet", "unknown model 'resnet'; use linear, digits, or the name of a tfmagic.KerasModel"),
+        (
+            "%tf_train --model resnet",
+            "unknown model 'resnet'; use linear, digits, or the name of a tfmagic.KerasModel",
+        ),
         ("%tf_train --model tfmagic", "tfmagic is a module, not a model; wrap it as"),
         ("%tf_train --steps x", "not a whole number"),
         ("%tf_cluster slow worker:1 --factor 0.5", "factor must be"),

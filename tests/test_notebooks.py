@@ -93,7 +93,11 @@ def test_03_stragglers_and_failures():
     images = [m for m in state.values() if m["model_name"] == "ImageModel"]
     assert images, "the dashboard's widgets are saved with the notebook"
     assert any(m.get("buffers") or m["state"].get("value") for m in images), "with its last frame"
-    headers = [m["state"]["value"] for m in state.values() if m["model_name"] == "HTMLModel" and "tfmagic-header" in m["state"].get("value", "")]
+    headers = [
+        m["state"]["value"]
+        for m in state.values()
+        if m["model_name"] == "HTMLModel" and "tfmagic-header" in m["state"].get("value", "")
+    ]
     assert headers and re.search(r"async</b>: done, 25\d\d updates", headers[-1]), headers
     # without widget state (nbconvert to HTML, GitHub) the output itself holds the last frame
     dash = [
@@ -103,7 +107,9 @@ def test_03_stragglers_and_failures():
         for out in cell.get("outputs", [])
         if "application/vnd.jupyter.widget-view+json" in out.get("data", {})
     ]
-    assert dash and re.search(r"async: 25\d\d updates", dash[-1]["text/plain"]), dash and dash[-1]["text/plain"]
+    assert dash and re.search(r"async: 25\d\d updates", dash[-1]["text/plain"]), (
+        dash and dash[-1]["text/plain"]
+    )
     import copy
 
     from nbconvert import HTMLExporter
@@ -129,7 +135,11 @@ def test_04_between_graph():
     assert "[ps:0] tfmagic: server.join() returns at once" in text
     rows = {
         name: _number(text, re.escape(name) + r"\s+w = [\d.]+\s+b = [\d.]+\s+held-out loss ([\d.]+)")
-        for name in ("all-reduce sync (MWMS, between-graph)", "ps sync (seed 000, SyncReplicasOptimizer)", "ps async (seed 000)")
+        for name in (
+            "all-reduce sync (MWMS, between-graph)",
+            "ps sync (seed 000, SyncReplicasOptimizer)",
+            "ps async (seed 000)",
+        )
     }
     engine = _number(text, r"kernel-driven sync \(tfmagic.train\)\s+held-out loss ([\d.]+)")
     assert all(v < 0.0115 for v in rows.values()), rows  # all at the noise floor (0.01)

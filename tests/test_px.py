@@ -50,7 +50,10 @@ def test_tasks_serve_on_the_server_core_and_complete_the_api_for_a_first_cell(mo
         with cluster.device("worker:0"):
             assert float(tf.reduce_sum(tf.constant([1.0, 2.0]) * 2)) == 6.0
         served = psutil.Process(proc.task_pid).memory_info().rss
-        r = run_px(cluster, "import tensorflow\nprint(tensorflow is tf, tf.__version__, tf.keras.layers.Dense.__name__)")
+        r = run_px(
+            cluster,
+            "import tensorflow\nprint(tensorflow is tf, tf.__version__, tf.keras.layers.Dense.__name__)",
+        )
         assert r.importing == ([] if full else ["worker:0"])
         out = r.wait(120)["worker:0"]
         assert out.status == "ok", out.traceback
@@ -63,8 +66,11 @@ def test_tasks_serve_on_the_server_core_and_complete_the_api_for_a_first_cell(mo
 
 
 def test_each_task_finds_its_context_and_keeps_its_namespace(px_cluster):
-    r = run_px(px_cluster, "import json, os\nme = (job_name, task_index)\n"
-               "print(server.target, json.loads(os.environ['TF_CONFIG'])['task'], cluster.num_tasks('worker'))")
+    r = run_px(
+        px_cluster,
+        "import json, os\nme = (job_name, task_index)\n"
+        "print(server.target, json.loads(os.environ['TF_CONFIG'])['task'], cluster.num_tasks('worker'))",
+    )
     out = r.wait(60)
     for task, o in out.items():
         job, index = task.split(":")
@@ -127,8 +133,11 @@ def test_bad_targets(px_cluster):
 
 def test_a_task_that_dies_mid_cell_is_reported_and_others_finish():
     with tfmagic.LocalCluster(ps=0, workers=2, spares=False) as cluster:
-        r = run_px(cluster, "import os, signal, time\nif task_index == 1:\n    os.kill(os.getpid(), signal.SIGKILL)\n"
-                   "time.sleep(1)\n'alive'")
+        r = run_px(
+            cluster,
+            "import os, signal, time\nif task_index == 1:\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+            "time.sleep(1)\n'alive'",
+        )
         out = r.wait(30)
         assert out["worker:0"].status == "ok" and out["worker:0"].result == "alive"
         assert out["worker:1"].status == "died" and "exit code -9" in out["worker:1"].evalue
@@ -140,14 +149,20 @@ def test_a_stranger_cannot_get_code_run(px_cluster, tmp_path):
     """The code channel is a pipe this process holds; the task listens on no other port."""
     marker = tmp_path / "ran"
     for task, proc in px_cluster.procs.items():
-        ports = {c.laddr.port for c in psutil.Process(proc.pid).net_connections(kind="inet")
-                 if c.status == psutil.CONN_LISTEN}
+        ports = {
+            c.laddr.port
+            for c in psutil.Process(proc.pid).net_connections(kind="inet")
+            if c.status == psutil.CONN_LISTEN
+        }
         assert ports == {int(px_cluster.address(task).rsplit(":", 1)[1])}, "only TF's own port listens"
         fd0 = os.readlink(f"/proc/{proc.pid}/fd/0")
         assert fd0.startswith("pipe:"), fd0
         # a stranger speaking our protocol to the one open port gets nowhere
         with socket.create_connection(("127.0.0.1", min(ports)), timeout=5) as s:
-            s.sendall(b'{"op": "exec", "id": "x", "code": "open(%r, \\"w\\").write(\\"1\\")"}\n' % str(marker).encode())
+            s.sendall(
+                b'{"op": "exec", "id": "x", "code": "open(%r, \\"w\\").write(\\"1\\")"}\n'
+                % str(marker).encode()
+            )
             time.sleep(0.5)
     assert not marker.exists()
     assert run_px(px_cluster, "1", targets="ps:0").wait(15)["ps:0"].result == 1, "tasks are unharmed"
@@ -166,7 +181,11 @@ def test_seed_000_sync_program_reaches_the_engines_loss(px_cluster):
     out = r.wait(180)
     assert all(o.status == "ok" for o in out.values()), {t: o.traceback for t, o in out.items()}
     assert "returns at once" in out["ps:0"].stdout
-    w, b = run_px(px_cluster, "(float(final_w[0][0]), float(final_b[0]))", targets="worker:0").wait(30)["worker:0"].result
+    w, b = (
+        run_px(px_cluster, "(float(final_w[0][0]), float(final_b[0]))", targets="worker:0")
+        .wait(30)["worker:0"]
+        .result
+    )
     assert len({rec.task for rec in r.history.records}) == 2 and r.history.global_steps[-1].step >= steps - 1
     # the reported steps feed the same dashboard as the engine's runs
     dash = Dashboard(px_cluster, runs=[r])
@@ -205,15 +224,24 @@ def test_tf_px_magic_streams_prefixed_lines_and_binds_results():
     k = Kernel(env={"TFMAGIC_SPARES": "0"})
     try:
         k.ok("%load_ext tfmagic\n%tf_cluster start --ps 1 --workers 2", timeout=180)
-        reply = k.ok("%%tf_px --targets worker:* -o where\nprint('hello from', job_name, task_index)\ntask_index * 10")
-        assert "[worker:0] hello from worker 0" in reply.stdout and "[worker:1] hello from worker 1" in reply.stdout
+        reply = k.ok(
+            "%%tf_px --targets worker:* -o where\nprint('hello from', job_name, task_index)\ntask_index * 10"
+        )
+        assert (
+            "[worker:0] hello from worker 0" in reply.stdout
+            and "[worker:1] hello from worker 1" in reply.stdout
+        )
         assert "(worker:0, worker:1: importing TensorFlow's Python API for a first cell" in reply.stderr
         assert k.value("where") == {"worker:0": 0, "worker:1": 10}
         bad = k.run("%%tf_px --targets worker:1\nraise ValueError('nope')")
         assert bad.status == "error" and "[worker:1] ValueError: nope" in bad.text
         assert "importing TensorFlow" not in bad.text  # once per task
         assert "worker:1 raised ValueError" in bad.text
-        intr = k.run("%%tf_px --targets worker:*\nimport time\nwhile True:\n    time.sleep(0.1)", timeout=60, interrupt_after=3)
+        intr = k.run(
+            "%%tf_px --targets worker:*\nimport time\nwhile True:\n    time.sleep(0.1)",
+            timeout=60,
+            interrupt_after=3,
+        )
         assert intr.status == "error" and "interrupted" in intr.text
         assert k.value("1 + 1") == 2
         k.ok("%%tf_px --noblock --targets ps:0\nimport time\ntime.sleep(1)\n7")
@@ -237,8 +265,14 @@ def test_allreduce_sync_equals_the_kernel_driven_sync_engine(px_cluster):
 
     with tfmagic.LocalCluster(ps=0, workers=2, spares=False, collective=True) as cluster:
         assert run_px(cluster, allreduce(steps=40)).wait(120)["worker:0"].status == "ok"
-        w, b = run_px(cluster, "(float(final_w[0][0]), float(final_b[0]))", targets="worker:1").wait(30)["worker:1"].result
-    run = tfmagic.training.TrainingRun(px_cluster, "sync", model=Linear(), steps=40, batch_size=16, lr=0.1).start()
+        w, b = (
+            run_px(cluster, "(float(final_w[0][0]), float(final_b[0]))", targets="worker:1")
+            .wait(30)["worker:1"]
+            .result
+        )
+    run = tfmagic.training.TrainingRun(
+        px_cluster, "sync", model=Linear(), steps=40, batch_size=16, lr=0.1
+    ).start()
     run.wait()
     assert w == pytest.approx(float(run.final_weights[0].ravel()[0]), abs=1e-5)
     assert b == pytest.approx(float(run.final_weights[1].ravel()[0]), abs=1e-5)

@@ -233,9 +233,20 @@ def test_tunnel_mode_keeps_servers_on_each_hosts_loopback(ns_hosts, local_cluste
         ps_port = spec["ps"][0].rsplit(":", 1)[1]
         probe = "import socket,sys\ntry:\n socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2).close(); print('open')\nexcept OSError: print('closed')"
         out = subprocess.run(
-            ["ip", "netns", "exec", ns_hosts.namespaces[1], sys.executable, "-c", probe,
-             ns_hosts.addresses["node0"], ps_port],
-            capture_output=True, text=True, timeout=30,
+            [
+                "ip",
+                "netns",
+                "exec",
+                ns_hosts.namespaces[1],
+                sys.executable,
+                "-c",
+                probe,
+                ns_hosts.addresses["node0"],
+                ps_port,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
         )
         assert out.stdout.strip() == "closed", out.stdout + out.stderr
         cluster.connect()
@@ -279,8 +290,11 @@ def test_attach_drives_a_cluster_it_did_not_start_and_leaves_it_running(local_cl
             v = tf.Variable(5.0)
         with attached.device("worker:1"):
             assert float((v * 2).numpy()) == 10.0
-        for act in (lambda: attached.slow("worker:1"), lambda: attached.kill("worker:0"),
-                    lambda: attached.restart("worker:0")):
+        for act in (
+            lambda: attached.slow("worker:1"),
+            lambda: attached.kill("worker:0"),
+            lambda: attached.restart("worker:0"),
+        ):
             with pytest.raises(tfmagic.NotOwned, match="did not start"):
                 act()
         rows = attached.status().tasks

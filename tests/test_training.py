@@ -304,7 +304,9 @@ def _separable(n, seed):
 def _small_classifier():
     import keras
 
-    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(2)])
+    return keras.Sequential(
+        [keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(2)]
+    )
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
@@ -317,7 +319,11 @@ def test_a_keras_input_fn_runs_on_each_worker(local_cluster, tmp_path, mode):
     def input_fn(shard, shards):
         # which process builds this shard: /proc/self is the process that reads it
         tf.io.write_file(str(tmp_path / f"shard-{shard}-of-{shards}"), tf.io.read_file("/proc/self/stat"))
-        return tf.data.Dataset.from_tensor_slices(_separable(20000, 1)).shard(shards, shard).shuffle(512, seed=shard)
+        return (
+            tf.data.Dataset.from_tensor_slices(_separable(20000, 1))
+            .shard(shards, shard)
+            .shuffle(512, seed=shard)
+        )
 
     model = KerasModel(
         _small_classifier,

@@ -54,22 +54,30 @@ def parse_spec(spec: Any) -> ClusterDef:
         try:
             value = json.loads(text)
         except ValueError as exc:
-            raise ClusterStartError(f"the cluster description is not valid JSON ({exc}); check its quoting") from None
+            raise ClusterStartError(
+                f"the cluster description is not valid JSON ({exc}); check its quoting"
+            ) from None
     if not isinstance(value, dict):
-        raise ClusterStartError(f"a cluster description is a mapping of job to addresses, not {type(value).__name__}")
+        raise ClusterStartError(
+            f"a cluster description is a mapping of job to addresses, not {type(value).__name__}"
+        )
     if "cluster" in value and isinstance(value["cluster"], dict):  # a TF_CONFIG
         value = value["cluster"]
     jobs = {}
     for job, addrs in value.items():
         if job not in JOBS:
-            raise ClusterStartError(f"job {job!r} is not one tfmagic can drive; a cluster has {', '.join(JOBS)} jobs")
+            raise ClusterStartError(
+                f"job {job!r} is not one tfmagic can drive; a cluster has {', '.join(JOBS)} jobs"
+            )
         if isinstance(addrs, dict):  # {"0": "host:port"} as TF allows
             addrs = [addrs[k] for k in sorted(addrs, key=int)]
         if not isinstance(addrs, list) or not all(isinstance(a, str) and ":" in a for a in addrs):
             raise ClusterStartError(f"job {job!r} must list addresses as 'host:port', got {addrs!r}")
         jobs[job] = list(addrs)
     if not jobs.get("worker"):
-        raise ClusterStartError("the cluster has no worker task; tfmagic needs at least one worker to compute on")
+        raise ClusterStartError(
+            "the cluster has no worker task; tfmagic needs at least one worker to compute on"
+        )
     return ClusterDef.from_mapping(jobs)
 
 

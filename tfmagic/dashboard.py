@@ -229,7 +229,8 @@ class Dashboard:
         runs = _each_run(self._runs)
         # planned updates: a TrainingRun knows them (a History's `steps` is only how many so far)
         planned = max(
-            [r.steps for r in runs if hasattr(r, "history") and isinstance(getattr(r, "steps", None), int)] + [0]
+            [r.steps for r in runs if hasattr(r, "history") and isinstance(getattr(r, "steps", None), int)]
+            + [0]
         )
         # A quarter of the planned steps first (a 20,000-step run is not a sliver at the left
         # edge for long), then fourfold up to the planned steps: one redraw in a run.

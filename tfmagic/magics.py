@@ -135,7 +135,11 @@ class TfMagics(Magics):
     )
     @argument("--master", default=None, help="for --backend spark: local[N] or spark://HOST:PORT")
     @argument("--out", default=None, help="for export: write to this file instead of printing")
-    @argument("--image", default=None, help="for export k8s/tfjob: the container image with TensorFlow and your program")
+    @argument(
+        "--image",
+        default=None,
+        help="for export k8s/tfjob: the container image with TensorFlow and your program",
+    )
     @argument(
         "--ps",
         type=_count,
@@ -282,7 +286,9 @@ class TfMagics(Magics):
             try:
                 from .launchers.spark import SparkCluster
             except ImportError as exc:
-                raise UsageError(f"the Spark backend needs pyspark: pip install 'tfmagic[spark]' ({exc})") from None
+                raise UsageError(
+                    f"the Spark backend needs pyspark: pip install 'tfmagic[spark]' ({exc})"
+                ) from None
             cluster = SparkCluster(master=master, ps=shape.ps, workers=shape.workers, **common)
         view = StartProgress(shape.tasks())
         handle = display(view, display_id=True) if self.in_notebook else None
@@ -315,8 +321,11 @@ class TfMagics(Magics):
         how = f"{outcome.warm} warm spare{'s' if outcome.warm != 1 else ''}, {outcome.cold} new"
         print(
             f"Cluster {cluster.name} started: {shape.describe()} in {outcome.seconds:.1f} s ({how}). "
-            + ("Use %%tf_px: every task has a MultiWorkerMirroredStrategy ready as `strategy`."
-               if cluster.collective else "Use %%tf_device worker:0 to run a cell there.")
+            + (
+                "Use %%tf_px: every task has a MultiWorkerMirroredStrategy ready as `strategy`."
+                if cluster.collective
+                else "Use %%tf_device worker:0 to run a cell there."
+            )
         )
         print(
             f"Security: {cluster.launcher.security_note()}; once connected, this kernel also "
@@ -324,23 +333,32 @@ class TfMagics(Magics):
         )
         for task, proc in cluster.procs.items():
             if getattr(proc, "guard_failed", None):
-                print(f"Warning: {task} on {proc.destination or proc.host}: {proc.guard_failed}.", file=sys.stderr)
+                print(
+                    f"Warning: {task} on {proc.destination or proc.host}: {proc.guard_failed}.",
+                    file=sys.stderr,
+                )
         return None
 
     def _cluster_export(self, args):
         from .export import export, write_export
 
-        kind = {"k8s": "kubernetes", "kube": "kubernetes"}.get((args.task or "").lower(), (args.task or "").lower())
+        kind = {"k8s": "kubernetes", "kube": "kubernetes"}.get(
+            (args.task or "").lower(), (args.task or "").lower()
+        )
         if kind not in ("slurm", "kubernetes", "tfjob"):
             raise UsageError("export needs what to write: %tf_cluster export slurm|k8s|tfjob [--out FILE]")
         options = {}
         if kind != "slurm":
             if not args.image:
-                raise UsageError(f"export {args.task} needs --image, the container image holding TensorFlow and your program")
+                raise UsageError(
+                    f"export {args.task} needs --image, the container image holding TensorFlow and your program"
+                )
             options["image"] = args.image
         running = current_cluster()
         if args.ps is not None or args.workers is not None or running is None or not running.running:
-            shape = ClusterShape(ps=1 if args.ps is None else args.ps, workers=2 if args.workers is None else args.workers)
+            shape = ClusterShape(
+                ps=1 if args.ps is None else args.ps, workers=2 if args.workers is None else args.workers
+            )
         else:
             shape = running.shape
         if args.out:
@@ -387,7 +405,9 @@ class TfMagics(Magics):
         cluster.stop()
         if cluster.launcher.name == "attached":
             set_current(None)
-            print(f"Detached from cluster {cluster.name}; its {n} tasks keep running (tfmagic did not start them).")
+            print(
+                f"Detached from cluster {cluster.name}; its {n} tasks keep running (tfmagic did not start them)."
+            )
             return
         spares = default_pool().processes()
         print(
@@ -596,7 +616,9 @@ class TfMagics(Magics):
         """
         args = parse_argstring(self.tf_dashboard, line)
         if args.refresh < 0.05:
-            raise UsageError(f"--refresh {args.refresh:g} is too fast: give seconds between frames, 0.05 or more")
+            raise UsageError(
+                f"--refresh {args.refresh:g} is too fast: give seconds between frames, 0.05 or more"
+            )
         from . import training
         from .dashboard import Dashboard
 

@@ -547,9 +547,14 @@ def _quiet_queue_runner_shutdown(args) -> None:
     (SyncReplicasOptimizer's chief queue runner does at every end of training).
     That is expected: keep it in the task's log, out of the cell's output."""
     name = getattr(args.thread, "name", "") or ""
-    if name.startswith("QueueRunnerThread") and args.exc_type.__name__ in ("CancelledError", "OutOfRangeError"):
+    if name.startswith("QueueRunnerThread") and args.exc_type.__name__ in (
+        "CancelledError",
+        "OutOfRangeError",
+    ):
         try:
-            sys.__stderr__.write(f"tfmagic: {name} ended with {args.exc_type.__name__} as its session closed\n")
+            sys.__stderr__.write(
+                f"tfmagic: {name} ended with {args.exc_type.__name__} as its session closed\n"
+            )
         except (OSError, ValueError):
             pass
         return
@@ -610,7 +615,9 @@ class ServerCore:
                 t0 = time.monotonic()
                 self.spec.loader.exec_module(self._package)
                 self.module = self._package
-                print(f"tfmagic: completed TensorFlow's Python API in {time.monotonic() - t0:.1f} s", flush=True)
+                print(
+                    f"tfmagic: completed TensorFlow's Python API in {time.monotonic() - t0:.1f} s", flush=True
+                )
             return self.module
 
 

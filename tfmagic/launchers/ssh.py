@@ -297,8 +297,12 @@ class SSHLauncher(Launcher):
         dest = self._dest_of.get(proc.pid, "the host")
         if "No module named tfmagic" in log_tail or "No module named 'tfmagic" in log_tail:
             return f"install tfmagic on {dest} for {self.python} (pip install tfmagic), or pass python=/its/python"
-        if proc.exit_code == 127 or (self.python in log_tail and ("not found" in log_tail or "No such file" in log_tail)):
-            return f"{self.python} is not on {dest}; pass python= (--python) with the Python that has TensorFlow"
+        if proc.exit_code == 127 or (
+            self.python in log_tail and ("not found" in log_tail or "No such file" in log_tail)
+        ):
+            return (
+                f"{self.python} is not on {dest}; pass python= (--python) with the Python that has TensorFlow"
+            )
         if proc.exit_code == 255 or "Permission denied" in log_tail or "Host key verification" in log_tail:
             return f"check that `ssh {dest} true` works here without a password prompt (keys, agent, known_hosts)"
         return ""
@@ -360,8 +364,15 @@ class _Tunnel:
         from .. import owner
 
         popen = subprocess.Popen(
-            [*ssh, *SSH_OPTIONS, "-o", "ExitOnForwardFailure=yes", *forwards, dest,
-             f"echo {cls.READY}; exec cat >/dev/null"],
+            [
+                *ssh,
+                *SSH_OPTIONS,
+                "-o",
+                "ExitOnForwardFailure=yes",
+                *forwards,
+                dest,
+                f"echo {cls.READY}; exec cat >/dev/null",
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

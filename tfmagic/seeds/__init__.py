@@ -9,7 +9,7 @@ line y = 2x + 10 on tfmagic's ``Linear`` data (so the kernel-driven engine
 can be compared on the very same examples).
 """
 
-SEED_000 = '''
+SEED_000 = """
 import numpy as np
 from tfmagic.training.models import Linear
 
@@ -55,7 +55,7 @@ elif job_name == "worker":
     with tf.compat.v1.Session(server.target) as plain:   # the variables live on the ps
         final_w, final_b = plain.run([weight, bias])
     print("worker %d: %d local steps, w = %.4f, b = %.4f" % (task_index, k, final_w[0][0], final_b[0]))
-'''
+"""
 
 
 def seed_000(issync: bool = True, steps: int = 40, batch_size: int = 16, lr: float = 0.1) -> str:
@@ -63,7 +63,7 @@ def seed_000(issync: bool = True, steps: int = 40, batch_size: int = 16, lr: flo
     return SEED_000.format(issync=issync, steps=steps, batch_size=batch_size, lr=lr)
 
 
-ALLREDUCE = '''
+ALLREDUCE = """
 import time
 import numpy as np
 from tfmagic.training.models import Linear
@@ -95,7 +95,7 @@ allreduce_seconds = time.time() - t0
 final_w, final_b = weight.numpy(), bias.numpy()
 print("worker %d: w = %.4f, b = %.4f after %d all-reduce steps in %.2f s"
       % (task_index, final_w[0][0], final_b[0], steps, allreduce_seconds))
-'''
+"""
 
 
 def allreduce(steps: int = 150, batch_size: int = 16, lr: float = 0.1) -> str:

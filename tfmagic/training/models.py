@@ -207,7 +207,9 @@ class KerasModel(Model):
             if not callable(input_fn):
                 raise ValueError("input_fn must be a function (shard_index, num_shards) -> tf.data.Dataset")
             source = eval_fn() if eval_fn is not None else input_fn(0, 1)
-            xt, yt = _examples(source, eval_examples, "eval_fn()" if eval_fn is not None else "input_fn(0, 1)")
+            xt, yt = _examples(
+                source, eval_examples, "eval_fn()" if eval_fn is not None else "input_fn(0, 1)"
+            )
             if eval_fn is None:
                 self.eval_label = f"loss on the first {len(xt)} training examples (no eval_fn)"
             data = Data(xt[:0], yt[:0], xt, yt)
@@ -280,7 +282,9 @@ def _examples(dataset, limit: int, what: str) -> tuple[np.ndarray, np.ndarray]:
     import tensorflow as tf
 
     if not isinstance(dataset, tf.data.Dataset):
-        raise ValueError(f"{what} must return a tf.data.Dataset of (x, y) examples, not {type(dataset).__name__}")
+        raise ValueError(
+            f"{what} must return a tf.data.Dataset of (x, y) examples, not {type(dataset).__name__}"
+        )
     spec = dataset.element_spec
     if not (isinstance(spec, tuple) and len(spec) == 2):
         raise ValueError(f"{what} must return a Dataset of (x, y) pairs; its elements are {spec}")
