@@ -5,12 +5,15 @@ checked by bash, by parsing its #SBATCH and srun lines, and by running
 TensorFlow's SlurmClusterResolver (inside the script's own launcher) in a
 simulated allocation: the environment Slurm would give each rank.  The
 manifests are parsed as YAML and every TF_CONFIG is read back by
-TFConfigClusterResolver.
+TFConfigClusterResolver.  The launcher is tfmagic/export/launch.py, imported
+here as a module; its text is what the exports carry.
 """
 
 from __future__ import annotations
 
+import ast
 import doctest
+import importlib
 import json
 import os
 import re
@@ -22,8 +25,9 @@ import sys
 import textwrap
 
 import pytest
+import yaml
 
-from tfmagic import export
+from tfmagic import cli, export
 from tfmagic.errors import BadClusterShape, ExportError, TfmagicError
 from tfmagic.export import (
     LAUNCHER,
@@ -31,6 +35,7 @@ from tfmagic.export import (
     job_counts,
     kubernetes_manifests,
     kubernetes_tf_configs,
+    launch,
     slurm_script,
     to_yaml,
     write_export,
@@ -38,10 +43,6 @@ from tfmagic.export import (
 from tfmagic.spec import ClusterDef, ClusterShape
 
 pytestmark = pytest.mark.unit
-
-yaml = pytest.importorskip(
-    "yaml"
-)  # installed with jupyter-server (via jupyter-events); not a tfmagic dependency
 
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -58,14 +59,6 @@ SHAPES = [
 def tf():
     tensorflow = pytest.importorskip("tensorflow")
     return tensorflow
-
-
-@pytest.fixture
-def launcher():
-    """The launcher's functions, from the very text the exports carry (its main() is not run)."""
-    namespace = {"__name__": "tfmagic_launcher"}
-    exec(compile(LAUNCHER, "launch.py", "exec"), namespace)
-    return namespace
 
 
 @pytest.fixture
@@ -191,13 +184,11 @@ def test_script_is_valid_bash_and_carries_the_launcher_verbatim(shape, tmp_path)
         (ClusterShape(ps=1, workers=3), "a1,b[7-8]", "1,2,1", ["a1", "b7", "b8"], [1, 2, 1]),
     ],
 )
-def test_resolver_reads_a_simulated_allocation(
-    tf, launcher, clean_env, shape, nodelist, tasks_per_node, nodes, tasks
-):
+def test_resolver_reads_a_simulated_allocation(tf, clean_env, shape, nodelist, tasks_per_node, nodes, tasks):
     """Each rank, with the environment Slurm would give it, resolves to its own task of one shared cluster."""
     script = slurm_script(shape, port=8888)
     opts = launcher_opts(script)
-    jobs = launcher["parse_counts"](opts["--jobs"][0])
+    jobs = launch.parse_counts(opts["--jobs"][0])
     port_base = int(opts["--port-base"][0])
     assert jobs == shape.counts() and port_base == 8888
 
@@ -210,10 +201,10 @@ def test_resolver_reads_a_simulated_allocation(
     seen = []
     for rank in range(shape.size):
         slurm_env(clean_env, nodelist, tasks_per_node, nodes, tasks, rank)
-        cluster, job, index = launcher["resolve_slurm"](jobs, port_base)
+        cluster, job, index = launch.resolve_slurm(jobs, port_base)
         assert cluster == expected
         assert (job, index) == expected_tasks[rank]
-        launcher["configure"](cluster, job, index)
+        launch.configure(cluster, job, index)
         config = json.loads(os.environ["TF_CONFIG"])
         assert config == {"cluster": expected, "task": {"type": job, "index": index}}
         assert os.environ["CUDA_VISIBLE_DEVICES"] == ""  # no GPUs asked for: hidden from every task
@@ -223,7 +214,7 @@ def test_resolver_reads_a_simulated_allocation(
     assert len(set(addresses)) == len(addresses)
 
 
-def test_gpus_are_shared_out_by_the_resolver_and_hidden_from_ps(tf, launcher, clean_env):
+def test_gpus_are_shared_out_by_the_resolver_and_hidden_from_ps(tf, clean_env):
     shape = ClusterShape(ps=1, workers=3)
     script = slurm_script(shape, gpus_per_worker=1, tasks_per_node=2)
     opts = sbatch_options(script)
@@ -236,26 +227,26 @@ def test_gpus_are_shared_out_by_the_resolver_and_hidden_from_ps(tf, launcher, cl
     visible = []
     for rank in range(4):
         slurm_env(clean_env, "gpu[1-2]", "2(x2)", ["gpu1", "gpu2"], [2, 2], rank)
-        cluster, job, index = launcher["resolve_slurm"](shape.counts(), 8888, gpus_per_task, gpus_per_node)
-        launcher["configure"](cluster, job, index, gpus_per_task)
+        cluster, job, index = launch.resolve_slurm(shape.counts(), 8888, gpus_per_task, gpus_per_node)
+        launch.configure(cluster, job, index, gpus_per_task)
         visible.append((f"{job}:{index}", os.environ["CUDA_VISIBLE_DEVICES"]))
     assert visible == [("ps:0", ""), ("worker:0", "1"), ("worker:1", "0"), ("worker:2", "1")]
 
 
-def test_launcher_stops_when_resolver_and_slurm_disagree_on_node_order(tf, launcher, clean_env):
+def test_launcher_stops_when_resolver_and_slurm_disagree_on_node_order(tf, clean_env):
     """The resolver sorts node names as text: node10 comes before node9, Slurm's rank 0 is on node9."""
     shape = ClusterShape(ps=1, workers=1)
     slurm_env(clean_env, "node[9-10]", "1(x2)", ["node9", "node10"], [1, 1], 0)
     with pytest.raises(SystemExit) as info:
-        launcher["resolve_slurm"](shape.counts(), 8888)
+        launch.resolve_slurm(shape.counts(), 8888)
     message = str(info.value)
     assert "node10:8888" in message and "node9" in message and "zero-padded" in message
 
 
-def test_launcher_explains_a_changed_task_count(tf, launcher, clean_env):
+def test_launcher_explains_a_changed_task_count(tf, clean_env):
     slurm_env(clean_env, "node[1-2]", "2(x2)", ["node1", "node2"], [2, 2], 0)
     with pytest.raises(SystemExit) as info:
-        launcher["resolve_slurm"]({"ps": 1, "worker": 2}, 8888)
+        launch.resolve_slurm({"ps": 1, "worker": 2}, 8888)
     assert "Requested 3 tasks but only 4 were assigned" in str(info.value)
     assert "export it again" in str(info.value)
 
@@ -314,7 +305,7 @@ def test_whole_script_dry_run_under_a_fake_srun(tf, tmp_path):
 # the launcher's own logic
 
 
-def test_serving_tasks_wait_until_every_program_task_was_seen_and_is_gone(launcher):
+def test_serving_tasks_wait_until_every_program_task_was_seen_and_is_gone():
     timeline = iter(
         [
             {"a"},  # a is up, b not yet
@@ -334,19 +325,19 @@ def test_serving_tasks_wait_until_every_program_task_was_seen_and_is_gone(launch
         state["probes"] += 1
         state["up"] = set(next(timeline))
 
-    launcher["wait_until_done"](["a:1", "b:1"], 0.01, probe=lambda a: probe(a[0]), sleep=sleep)
+    launch.wait_until_done(["a:1", "b:1"], 0.01, probe=lambda a: probe(a[0]), sleep=sleep)
     assert state["probes"] == 4
 
 
-def test_port_probe_sees_a_listening_socket_come_and_go(launcher):
+def test_port_probe_sees_a_listening_socket_come_and_go():
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen()
     address = "127.0.0.1:%d" % server.getsockname()[1]
-    assert launcher["port_open"](address)
+    assert launch.port_open(address)
     server.close()
-    assert not launcher["port_open"](address)
-    assert not launcher["port_open"]("no-such-host.invalid:2222")
+    assert not launch.port_open(address)
+    assert not launch.port_open("no-such-host.invalid:2222")
 
 
 @pytest.mark.parametrize(
@@ -362,16 +353,16 @@ def test_port_probe_sees_a_listening_socket_come_and_go(launcher):
         ("custom", ClusterShape(ps=1, workers=1), {"ps": "run", "worker": "run"}),
     ],
 )
-def test_roles_per_strategy_and_what_serving_tasks_wait_for(launcher, strategy, shape, expected):
+def test_roles_per_strategy_and_what_serving_tasks_wait_for(strategy, shape, expected):
     assert export.roles(shape.counts(), strategy) == expected
     cluster = {job: [f"{job}{i}:1" for i in range(n)] for job, n in shape.counts().items()}
-    waited = launcher["program_addresses"](cluster, expected)
+    waited = launch.program_addresses(cluster, expected)
     assert waited == [a for job in sorted(cluster) if "run" in expected[job] for a in cluster[job]]
     roles = launcher_opts(slurm_script(shape, strategy=strategy))["--role"]
     assert dict(r.split("=") for r in roles) == expected
 
 
-def test_program_runs_as_main_with_its_arguments_and_exit_code(launcher, tmp_path, monkeypatch):
+def test_program_runs_as_main_with_its_arguments_and_exit_code(tmp_path, monkeypatch):
     program = tmp_path / "train.py"
     program.write_text(
         "import sys\n"
@@ -381,36 +372,79 @@ def test_program_runs_as_main_with_its_arguments_and_exit_code(launcher, tmp_pat
     )
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     out = tmp_path / "out.txt"
-    assert launcher["run_program"]([str(program), str(out), "3"], "SERVER") == 3
+    assert launch.run_program([str(program), str(out), "3"], "SERVER") == 3
     assert out.read_text() == "(['3'], 'SERVER')"
-    assert launcher["run_program"]([str(program), str(out), "0"], None) == 0
+    assert launch.run_program([str(program), str(out), "0"], None) == 0
     crash = tmp_path / "crash.py"
     crash.write_text("raise ValueError('boom')\n")
-    assert launcher["run_program"]([str(crash)], None) == 1
+    assert launch.run_program([str(crash)], None) == 1
 
 
-def test_launcher_main_dry_run_from_tf_config(tf, launcher, clean_env, capsys):
+def test_launcher_main_dry_run_from_tf_config(tf, clean_env, capsys):
     configs = kubernetes_tf_configs(ClusterShape(ps=1, workers=2))
     clean_env.setenv("TF_CONFIG", json.dumps(configs["worker:1"]))
     clean_env.setenv("TFMAGIC_DRY_RUN", "1")
     argv = ["--resolver", "tf_config", "--role", "ps=serve", "--role", "worker=serve+run", "--", "train.py"]
-    assert launcher["main"](argv) == 0
+    assert launch.main(argv) == 0
     out = capsys.readouterr().out
     assert "worker:1 at tfmagic-worker-1:2222, role serve+run" in out
     assert json.loads(os.environ["TF_CONFIG"]) == configs["worker:1"]
     with pytest.raises(SystemExit, match="after '--'"):
-        launcher["main"](["--resolver", "tf_config"])
+        launch.main(["--resolver", "tf_config"])
     with pytest.raises(SystemExit, match="no --role for job 'worker'"):
-        launcher["main"](["--resolver", "tf_config", "--role", "ps=serve", "--", "train.py"])
+        launch.main(["--resolver", "tf_config", "--role", "ps=serve", "--", "train.py"])
     clean_env.delenv("TF_CONFIG")
     with pytest.raises(SystemExit, match="TF_CONFIG is missing"):
-        launcher["main"](["--resolver", "tf_config", "--role", "ps=serve", "--", "train.py"])
+        launch.main(["--resolver", "tf_config", "--role", "ps=serve", "--", "train.py"])
 
 
 def test_launcher_runs_with_python_dash_c_and_has_usage():
     result = subprocess.run([sys.executable, "-c", LAUNCHER, "--help", "--"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "--resolver" in result.stdout and "Start one TensorFlow task" in result.stdout
+
+
+def test_the_exports_carry_the_launcher_module_file():
+    """LAUNCHER is the text of tfmagic/export/launch.py, the module these tests import."""
+    with open(launch.__file__, encoding="utf-8") as file:
+        source = file.read()
+    assert source == LAUNCHER and LAUNCHER.endswith("\n")
+    assert "TFMAGIC_LAUNCHER_EOF" not in LAUNCHER.splitlines()  # would end the script's here-document early
+    assert LAUNCHER.isascii() and "\t" not in LAUNCHER
+
+
+def test_launcher_imports_only_the_standard_library_and_tensorflow():
+    """It runs where tfmagic is not installed: no tfmagic import, nothing else from PyPI."""
+    tree = ast.parse(LAUNCHER)
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, "a relative import would need the tfmagic package"
+            imported.add(node.module.split(".")[0])
+    assert "tensorflow" in imported
+    assert imported - {"tensorflow"} <= sys.stdlib_module_names, imported - sys.stdlib_module_names
+
+
+def test_launcher_runs_as_a_lone_file_without_site_packages(tmp_path):
+    """As in a Pod: launch.py alone in a directory, no tfmagic importable; its usage needs no TensorFlow."""
+    lone = tmp_path / "launch.py"
+    lone.write_text(LAUNCHER)
+    result = subprocess.run(
+        [sys.executable, "-I", "-S", str(lone), "--help", "--"], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    assert "--resolver" in result.stdout and "Start one TensorFlow task" in result.stdout
+    missing = subprocess.run(
+        [sys.executable, "-I", "-S", str(lone), "--resolver", "tf_config"], capture_output=True, text=True
+    )
+    assert missing.returncode == 1 and "put the program after '--'" in missing.stderr
+
+
+def test_parse_counts():
+    assert launch.parse_counts("ps=1,worker=2") == {"ps": 1, "worker": 2}
+    assert launch.parse_counts("chief=1, ps=2 ,worker=3") == {"chief": 1, "ps": 2, "worker": 3}
 
 
 # --------------------------------------------------------------------------
@@ -423,7 +457,7 @@ def parse(text: str) -> list[dict]:
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("namespace", [None, "ml-team"])
-def test_pods_and_services_agree_and_tf_reads_each_tf_config(tf, launcher, clean_env, shape, namespace):
+def test_pods_and_services_agree_and_tf_reads_each_tf_config(tf, clean_env, shape, namespace):
     text = kubernetes_manifests(
         shape,
         image="registry.example.com/me/train:1",
@@ -489,7 +523,7 @@ def test_pods_and_services_agree_and_tf_reads_each_tf_config(tf, launcher, clean
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
         assert resolver.cluster_spec().as_dict() == expected_cluster
         assert (resolver.task_type, resolver.task_id) == (job, index)
-        assert launcher["resolve_tf_config"]() == (expected_cluster, job, index)
+        assert launch.resolve_tf_config() == (expected_cluster, job, index)
         address = expected_cluster[job][index]
         assert address.split(".")[0].split(":")[0] == name and address.endswith(":2345")
 
@@ -578,6 +612,26 @@ def test_yaml_writer_round_trips_awkward_strings(value):
     }
 
 
+@pytest.mark.parametrize("value", ["y", "Y", "n", "N", "0o17", "0x1F", "1_000", "0b101", "=", "<<", "None"])
+def test_yaml_writer_quotes_what_go_yaml_reads_as_a_boolean_or_number(value):
+    """Kubernetes parses manifests with Go's YAML 1.1 library, where plain y is true and 0o17 is 15."""
+    text = to_yaml({"k": value})
+    assert text in (f"k: '{value}'\n", f'k: "{value}"\n')
+    assert yaml.safe_load(text) == {"k": value}
+
+
+def test_yaml_writer_keeps_the_launcher_readable_as_a_literal_block():
+    text = kubernetes_manifests(ClusterShape(), image="i:1")
+    assert '\n  launch.py: |\n    """Start one TensorFlow task' in text
+    body = text.split("  launch.py: |\n", 1)[1].split("\n---\n", 1)[0]
+    assert [line[4:] if line else "" for line in body.split("\n")] == LAUNCHER.rstrip("\n").split("\n")
+
+
+def test_yaml_writer_never_folds_long_lines():
+    value = "x " * 300
+    assert to_yaml({"k": value}).count("\n") == 1
+
+
 def test_yaml_writer_keeps_numbers_booleans_and_empties():
     data = {"n": 3, "t": True, "f": False, "z": None, "e": {}, "el": [], "nested": [[1, 2], {"a": []}]}
     assert yaml.safe_load(to_yaml(data)) == data
@@ -639,17 +693,200 @@ def test_write_export_writes_each_kind(tmp_path):
     assert [d["kind"] for d in parse(job.read_text())] == ["ConfigMap", "TFJob"]
 
 
+def test_write_export_refuses_an_existing_file_unless_forced_and_keeps_its_mode(tmp_path):
+    shape = ClusterShape(ps=1, workers=2)
+    path = tmp_path / "job.sbatch"
+    path.write_text("#!/bin/bash\n# edited by hand\n")
+    path.chmod(0o640)
+    with pytest.raises(ExportError, match="exists already; pass --force") as info:
+        write_export("slurm", path, shape)
+    assert "\n" not in str(info.value) and "another path" in str(info.value)
+    assert path.read_text() == "#!/bin/bash\n# edited by hand\n"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
+    assert write_export("slurm", path, shape, force=True) == path
+    assert path.read_text() == slurm_script(shape)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640  # not made executable: the mode is the owner's
+    longer = slurm_script(ClusterShape(ps=2, workers=3, chief=1))
+    write_export("slurm", path, ClusterShape(ps=2, workers=3, chief=1), force=True)
+    write_export("slurm", path, shape, force=True)  # shorter than what it replaces: no tail left
+    assert path.read_text() == slurm_script(shape) and len(longer) > len(slurm_script(shape))
+
+
+def test_new_files_get_their_mode_from_the_umask(tmp_path):
+    shape = ClusterShape(ps=1, workers=2)
+    old = os.umask(0o027)
+    try:
+        sbatch = write_export("slurm", tmp_path / "job.sbatch", shape)
+        pods = write_export("kubernetes", tmp_path / "pods.yaml", shape, image="i:1")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(sbatch.stat().st_mode) == 0o750
+    assert stat.S_IMODE(pods.stat().st_mode) == 0o640
+
+
+def test_bad_options_leave_no_file(tmp_path):
+    path = tmp_path / "job.sbatch"
+    with pytest.raises(ExportError, match="not a Slurm time limit"):
+        write_export("slurm", path, ClusterShape(), time="soon")
+    assert not os.path.lexists(path)
+
+
+def a_file(tmp_path):
+    path = tmp_path / "file"
+    path.write_text("not a directory\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    "where, force, match",
+    [
+        (lambda tmp: tmp, False, "is a directory; give a file name in it, e.g. "),
+        (lambda tmp: tmp, True, "is a directory; give a file name in it, e.g. "),
+        (lambda tmp: tmp / "missing" / "job.sbatch", False, "does not exist; create it first (mkdir -p "),
+        (lambda tmp: a_file(tmp) / "job.sbatch", False, "file is a file, not a directory"),
+        (lambda tmp: a_file(tmp) / "sub" / "job.sbatch", True, "file is a file, not a directory"),
+        (lambda tmp: tmp / "dangling", False, "exists already; pass --force"),
+    ],
+    ids=["directory", "directory-force", "no-parent", "under-a-file", "deep-under-a-file", "dangling-link"],
+)
+def test_unwritable_places_are_one_line_saying_what_to_do(tmp_path, where, force, match):
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    path = where(tmp_path)
+    with pytest.raises(ExportError) as info:
+        write_export("slurm", path, ClusterShape(), force=force)
+    message = str(info.value)
+    assert match in message and "\n" not in message and str(path) in message
+    assert not os.path.lexists(tmp_path / "nowhere") and not os.path.lexists(tmp_path / "missing")
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (a device whose writes fail)")
+def test_a_write_that_fails_half_way_is_one_line():
+    with pytest.raises(ExportError, match="exists already"):
+        write_export("slurm", "/dev/full", ClusterShape())
+    with pytest.raises(ExportError) as info:
+        write_export("slurm", "/dev/full", ClusterShape(), force=True)
+    message = str(info.value)
+    assert "writing /dev/full failed: No space left on device" in message and "\n" not in message
+    assert message.endswith("free some space or choose another path")
+    assert os.path.exists("/dev/full")  # an existing file is never removed
+
+
+def test_a_new_file_whose_write_fails_is_removed(tmp_path, monkeypatch):
+    real_fdopen = os.fdopen
+
+    class FillsUp:
+        """A file that takes a few bytes, then reports a full disk."""
+
+        def __init__(self, fd, *args, **kwargs):
+            self.file = real_fdopen(fd, *args, **kwargs)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.file.close()
+
+        def write(self, text):
+            self.file.write(text[:10])
+            self.file.flush()
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fdopen", FillsUp)
+    path = tmp_path / "job.sbatch"
+    with pytest.raises(ExportError, match=r"No space left on device \(removed what was written\)") as info:
+        write_export("slurm", path, ClusterShape())
+    assert "\n" not in str(info.value) and not os.path.lexists(path)
+
+
+@pytest.mark.parametrize(
+    "path, reasons",
+    [
+        (
+            "/sys/tfmagic-test.sbatch",
+            ("permission denied (the file or its directory", "Read-only file system"),
+        ),
+        ("/proc/tfmagic-test.sbatch", ("/proc takes no new files",)),
+    ],
+)
+def test_places_nobody_can_write_to_not_even_root(path, reasons):
+    if not os.path.isdir(os.path.dirname(path)) or os.path.lexists(path):
+        pytest.skip(f"needs {os.path.dirname(path)} mounted as usual")
+    with pytest.raises(ExportError) as info:
+        write_export("slurm", path, ClusterShape())
+    message = str(info.value)
+    assert message.startswith(f"cannot write {path}: ") and "\n" not in message
+    assert any(reason in message for reason in reasons), message
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere")
+def test_a_directory_without_write_permission(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        with pytest.raises(
+            ExportError,
+            match="permission denied .the file or its directory is not yours to write.; choose another",
+        ):
+            write_export("slurm", locked / "job.sbatch", ClusterShape())
+    finally:
+        locked.chmod(0o700)
+
+
+def tfmagic_export(*argv: str) -> subprocess.CompletedProcess:
+    """``tfmagic export ARGV`` in a fresh process, as a shell would run it."""
+    return subprocess.run(
+        [sys.executable, "-m", "tfmagic.cli", "export", *argv], capture_output=True, text=True, timeout=120
+    )
+
+
 def test_command_line_writes_to_stdout_or_a_file(capsys, tmp_path):
     assert (
-        export.main(["slurm", "--ps", "1", "--workers", "3", "--partition", "cpu", "--", "--lr", "0.1"]) == 0
+        cli.main(
+            ["export", "slurm", "--ps", "1", "--workers", "3", "--partition", "cpu", "--", "--lr", "0.1"]
+        )
+        == 0
     )
     out = capsys.readouterr().out
     assert out == slurm_script(ClusterShape(ps=1, workers=3), partition="cpu", program_args=["--lr", "0.1"])
     target = tmp_path / "k.yaml"
-    assert (
-        export.main(["kubernetes", "--image", "i:1", "--tfjob", "--namespace", "ml", "-o", str(target)]) == 0
-    )
+    assert cli.main(["export", "tfjob", "--image", "i:1", "--namespace", "ml", "-o", str(target)]) == 0
     assert target.read_text() == kubernetes_manifests(ClusterShape(), image="i:1", tfjob=True, namespace="ml")
+
+
+def test_command_line_kinds_and_their_old_spellings(capsys, tmp_path):
+    outputs = {}
+    for argv in (
+        ["k8s", "--image", "i:1"],
+        ["kubernetes", "--image", "i:1"],
+        ["tfjob", "--image", "i:1"],
+        ["k8s", "--image", "i:1", "--tfjob"],
+        ["kubernetes", "--image", "i:1", "--tfjob"],
+    ):
+        assert cli.main(["export", *argv]) == 0
+        outputs[" ".join(argv)] = capsys.readouterr().out
+    pods, tfjob = (
+        kubernetes_manifests(ClusterShape(), image="i:1"),
+        export.export("tfjob", ClusterShape(), image="i:1"),
+    )
+    assert outputs["k8s --image i:1"] == outputs["kubernetes --image i:1"] == pods
+    assert outputs["tfjob --image i:1"] == outputs["k8s --image i:1 --tfjob"] == tfjob
+    assert outputs["kubernetes --image i:1 --tfjob"] == tfjob
+
+
+def test_command_line_refuses_to_replace_a_file_unless_forced(capsys, tmp_path):
+    target = tmp_path / "job.sbatch"
+    target.write_text("mine\n")
+    with pytest.raises(SystemExit) as info:
+        cli.main(["export", "slurm", "--out", str(target)])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.count("\n") == 1 and err.startswith("tfmagic export: ")
+    assert f"{target} exists already; pass --force" in err and target.read_text() == "mine\n"
+    assert cli.main(["export", "slurm", "--out", str(target), "--force"]) == 0
+    assert target.read_text() == slurm_script(ClusterShape())
+    with pytest.raises(SystemExit) as info:
+        cli.main(["export", "slurm", "--force"])
+    assert info.value.code == 2 and "--force replaces the file given with -o/--out" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -658,32 +895,61 @@ def test_command_line_writes_to_stdout_or_a_file(capsys, tmp_path):
         (["slurm", "--workers", "0"], "workers=0 is too small"),
         (["slurm", "--time", "soon"], "not a Slurm time limit"),
         (["slurm", "--ps", "two"], "invalid int value"),
-        (["kubernetes"], "--image"),
-        (["kubernetes", "--image", "i:1", "--name", "Bad_Name"], "cannot name Kubernetes objects"),
+        (["k8s"], "--image"),
+        (["k8s", "--image", "i:1", "--name", "Bad_Name"], "cannot name Kubernetes objects"),
         (["mesos"], "invalid choice"),
     ],
 )
 def test_command_line_errors_are_one_line_and_exit_2(capsys, argv, match):
     with pytest.raises(SystemExit) as info:
-        export.main(argv)
+        cli.main(["export", *argv])
     assert info.value.code == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and match in err and err.startswith("python -m tfmagic.export")
+    assert err.count("\n") == 1 and match in err and err.startswith("tfmagic export")
 
 
-def test_python_dash_m_entry_point():
-    ok = subprocess.run(
+def test_tfmagic_export_command():
+    ok = tfmagic_export("slurm", "--ps", "1", "--workers", "2")
+    assert ok.returncode == 0 and ok.stdout.startswith("#!/bin/bash\n") and not ok.stderr
+    bad = tfmagic_export("slurm", "--chief", "2")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "at most one chief" in bad.stderr
+
+
+def test_tfmagic_export_to_a_bad_place_is_one_line_without_traceback(tmp_path):
+    for target, match in (
+        (tmp_path, "is a directory"),
+        (tmp_path / "missing" / "job.sbatch", "does not exist"),
+        (a_file(tmp_path) / "job.sbatch", "is a file, not a directory"),
+    ):
+        bad = tfmagic_export("slurm", "-o", str(target))
+        assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
+        assert bad.stderr.startswith("tfmagic export: ") and match in bad.stderr and not bad.stdout
+
+
+def test_python_dash_m_tfmagic_export_is_the_same_command_line():
+    old = subprocess.run(
         [sys.executable, "-m", "tfmagic.export", "slurm", "--ps", "1", "--workers", "2"],
         capture_output=True,
         text=True,
     )
-    assert ok.returncode == 0 and ok.stdout.startswith("#!/bin/bash\n") and not ok.stderr
+    assert old.returncode == 0 and old.stdout == tfmagic_export("slurm", "--ps", "1", "--workers", "2").stdout
     bad = subprocess.run(
         [sys.executable, "-m", "tfmagic.export", "slurm", "--chief", "2"], capture_output=True, text=True
     )
-    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "at most one chief" in bad.stderr
+    assert bad.returncode == 2 and bad.stderr.startswith("tfmagic export: ") and bad.stderr.count("\n") == 1
+
+
+def test_tfmagic_help_lists_export():
+    result = subprocess.run([sys.executable, "-m", "tfmagic.cli", "--help"], capture_output=True, text=True)
+    assert result.returncode == 0 and "export" in result.stdout and "demo" in result.stdout
 
 
 def test_docstring_examples():
-    failures, tried = doctest.testmod(export, optionflags=doctest.ELLIPSIS)
+    failures = tried = 0
+    for module in (export, *(importlib.import_module(f"tfmagic.export.{name}") for name in SUBMODULES)):
+        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        failures, tried = failures + result.failed, tried + result.attempted
     assert tried >= 5 and failures == 0
+
+
+SUBMODULES = ("shape", "checks", "source", "slurm", "kubernetes", "yamldump", "render", "files", "cli")

@@ -1,4 +1,5 @@
-"""The ``tfmagic`` command: ``tfmagic demo`` runs the main job end to end."""
+"""The ``tfmagic`` command: ``tfmagic demo`` runs the main job end to end; ``tfmagic export``
+writes a Slurm script or Kubernetes manifests for the same ps/worker layout elsewhere."""
 
 from __future__ import annotations
 
@@ -7,6 +8,12 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["export"]:
+        # Its own parser, whose errors are one line; listed below for `tfmagic --help`.
+        from .export.cli import main as export_main
+
+        return export_main(argv[1:])
     parser = argparse.ArgumentParser(prog="tfmagic", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="start a local cluster, train on it, print the results, stop")
@@ -16,6 +23,11 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--train-steps", type=int, default=300, help="updates of each sync/async run")
     demo.add_argument(
         "--plot", default="tfmagic-demo.png", help="where to write the convergence plot (PNG); '' for none"
+    )
+    sub.add_parser(
+        "export",
+        add_help=False,
+        help="write a Slurm script or Kubernetes manifests for a ps/worker cluster (tfmagic export --help)",
     )
     args = parser.parse_args(argv)
     if args.command == "demo":
