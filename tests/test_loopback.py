@@ -126,6 +126,177 @@ def test_a_cache_path_ld_preload_cannot_carry_is_refused(tmp_path, monkeypatch):
     assert not guard.available and "TFMAGIC_CACHE_DIR" in guard.reason
 
 
+# --- a cache others could write to: a planted library must never run -----------------------------
+
+PLANTED_C = r"""
+#include <fcntl.h>
+#include <unistd.h>
+__attribute__((constructor)) static void planted(void) {
+    int fd = open(MARKER, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) { write(fd, "planted code ran\n", 17); close(fd); }
+}
+"""
+
+
+@pytest.fixture
+def planted(tmp_path):
+    """A library that writes a marker file when loaded, built outside any cache; (path, marker)."""
+    marker = tmp_path / "marker"
+    src, lib = tmp_path / "planted.c", tmp_path / "planted.so"
+    src.write_text(PLANTED_C)
+    done = subprocess.run(
+        ["cc", "-shared", "-fPIC", f'-DMARKER="{marker}"', "-o", str(lib), str(src)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    probe = subprocess.run(
+        [sys.executable, "-c", "pass"], env={**os.environ, "LD_PRELOAD": str(lib)}, timeout=30
+    )
+    assert probe.returncode == 0 and marker.exists(), "the planted library works when it is preloaded"
+    marker.unlink()
+    return lib, marker
+
+
+def _plant(lib: Path, directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / loopback.library_key(loopback.SOURCE.read_text())
+    shutil.copy(lib, target)
+    return target
+
+
+def _runs_clean(guard: loopback.BindGuard, marker: Path) -> None:
+    """A process started with the guard's environment: guarded, and the planted code did not run."""
+    env = {**_child_env(guarded=False), **guard.env}
+    out = subprocess.run(
+        [sys.executable, "-c", BIND_PROBE], env=env, capture_output=True, text=True, timeout=30
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["v4_any"][0] == "127.0.0.1", "the guard still works"
+    assert not marker.exists(), "the planted library ran"
+
+
+@pytest.mark.cluster
+def test_a_library_planted_in_a_world_writable_cache_is_not_used(tmp_path, monkeypatch, planted):
+    lib, marker = planted
+    cache = tmp_path / "shared-cache"
+    target = _plant(lib, cache)
+    cache.chmod(0o777)
+    monkeypatch.setenv("TFMAGIC_CACHE_DIR", str(cache))
+    guard = loopback.bind_guard()
+    assert guard.available and guard.reason == "", "nothing alarming is said: the guard works"
+    assert guard.library != str(target) and not guard.library.startswith(str(cache))
+    assert os.stat(guard.library).st_uid == os.geteuid() and not os.stat(guard.library).st_mode & 0o022
+    assert os.stat(os.path.dirname(guard.library)).st_mode & 0o777 == 0o700
+    _runs_clean(guard, marker)
+    # a task process started as the launchers start it: the planted code never runs in it
+    env = {**_child_env(guarded=False), **guard.env}
+    with open(tmp_path / "task.log", "wb") as log:
+        task = subprocess.Popen(
+            [sys.executable, "-m", "tfmagic.task_main"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            env=env,
+            start_new_session=True,
+        )
+    try:
+        hello = json.loads(task.stdout.readline())
+        assert hello["event"] == "hello" and hello["bind_host"] == "127.0.0.1"
+        assert guard.library in Path(f"/proc/{task.pid}/maps").read_text()
+        assert not marker.exists(), "the planted library ran in a task"
+    finally:
+        task.kill()
+        task.wait(timeout=10)
+        task.stdin.close()
+        task.stdout.close()
+    assert target.read_bytes() == lib.read_bytes(), "the planted file is left alone, only not used"
+
+
+@pytest.mark.unit
+def test_a_cache_dir_owned_by_another_user_is_not_used(tmp_path, monkeypatch, planted):
+    lib, marker = planted
+    cache = tmp_path / "theirs"
+    target = _plant(lib, cache)
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a directory to another user")
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    os.chown(target, nobody.pw_uid, nobody.pw_gid)
+    os.chown(cache, nobody.pw_uid, nobody.pw_gid)
+    cache.chmod(0o755)
+    monkeypatch.setenv("TFMAGIC_CACHE_DIR", str(cache))
+    guard = loopback.bind_guard()
+    assert guard.available and not guard.library.startswith(str(cache))
+    _runs_clean(guard, marker)
+
+
+@pytest.mark.unit
+def test_a_symlinked_library_in_a_private_cache_is_not_used(tmp_path, monkeypatch, planted):
+    lib, marker = planted
+    cache = tmp_path / "mine"
+    cache.mkdir(mode=0o700)
+    target = cache / loopback.library_key(loopback.SOURCE.read_text())
+    target.symlink_to(lib)
+    monkeypatch.setenv("TFMAGIC_CACHE_DIR", str(cache))
+    guard = loopback.bind_guard()
+    assert guard.available
+    assert not os.path.islink(guard.library) and os.path.isfile(guard.library)
+    assert Path(guard.library).read_bytes() != lib.read_bytes()
+    _runs_clean(guard, marker)
+
+
+@pytest.mark.unit
+def test_a_symlinked_cache_dir_is_not_used(tmp_path, monkeypatch, planted):
+    lib, marker = planted
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    _plant(lib, real)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    monkeypatch.setenv("TFMAGIC_CACHE_DIR", str(link))
+    guard = loopback.bind_guard()
+    assert guard.available
+    assert not guard.library.startswith(str(link)) and not guard.library.startswith(str(real))
+    _runs_clean(guard, marker)
+
+
+@pytest.mark.unit
+def test_a_private_cache_under_a_parent_others_may_write_is_not_used(tmp_path, monkeypatch, planted):
+    """Whoever may write the parent may swap the whole cache directory (no sticky bit here)."""
+    lib, marker = planted
+    parent = tmp_path / "open"
+    cache = parent / "cache"
+    _plant(lib, cache)
+    cache.chmod(0o700)
+    parent.chmod(0o777)
+    monkeypatch.setenv("TFMAGIC_CACHE_DIR", str(cache))
+    guard = loopback.bind_guard()
+    assert guard.available and not guard.library.startswith(str(parent))
+    _runs_clean(guard, marker)
+    parent.chmod(0o1777)  # with the sticky bit (as /tmp) others cannot rename what is ours
+    loopback._build.cache_clear()
+    assert loopback.bind_guard().library == str(cache / loopback.library_key(loopback.SOURCE.read_text()))
+    assert not marker.exists()
+    parent.chmod(0o700)
+
+
+@pytest.mark.unit
+def test_a_proper_private_cache_is_used_and_not_rebuilt(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("TFMAGIC_CACHE_DIR", str(cache))
+    first = loopback.bind_guard().library
+    assert first == str(cache / loopback.library_key(loopback.SOURCE.read_text()))
+    assert os.stat(cache).st_mode & 0o777 == 0o700 and os.stat(first).st_mode & 0o777 == 0o755
+    before = os.stat(first)
+    loopback._build.cache_clear()  # as a new process would
+    assert loopback.bind_guard().library == first
+    after = os.stat(first)
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns), "found, not rebuilt"
+
+
 BIND_PROBE = textwrap.dedent(
     """
     import json, socket

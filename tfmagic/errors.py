@@ -45,6 +45,10 @@ class ClusterStartError(TfmagicError):
         self.log_tail = log_tail
 
 
+class WillNotFit(ClusterStartError):
+    """The tasks asked for need more memory than this process's limit leaves (see ``tfmagic.memory``)."""
+
+
 class TaskLost(TfmagicError):
     """A task process ended while something depended on it."""
 

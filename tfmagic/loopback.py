@@ -14,6 +14,14 @@ the IPv4-mapped ``::ffff:127.0.0.1`` (not ``::1``, which clients resolving
 loopback only.  The library is compiled on first use with the machine's C
 compiler and cached per user.
 
+The cache is trusted only when nobody else could have put a file there: the
+directory and the library must be this user's, not symlinks, and writable by
+nobody else, and the directory's parents must not let others replace it.
+Otherwise (a shared or world-writable ``TFMAGIC_CACHE_DIR``, say) a planted
+``bindhost-<key>.so`` would run inside every task, so the library is built
+into a private directory of this process instead (removed at exit); the
+guard works the same, only the first start of each process pays the compile.
+
 What it cannot close: the notebook kernel's own client-side TF server starts
 inside the already-running kernel process, where no preload can reach, and
 listens on every interface after the first remote op; and other users of the
@@ -32,6 +40,7 @@ Example::
 
 from __future__ import annotations
 
+import atexit
 import functools
 import hashlib
 import ipaddress
@@ -39,8 +48,10 @@ import os
 import platform
 import shlex
 import shutil
+import stat
 import subprocess
 import tempfile
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,6 +112,89 @@ def _compiler() -> list[str] | None:
     return None
 
 
+def _safe_from_others(st: os.stat_result, uid: int) -> bool:
+    """Owned by ``uid`` and writable by nobody else."""
+    return st.st_uid == uid and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+def _parents_safe(directory: Path, uid: int) -> bool:
+    """No other user can rename or replace ``directory`` through one of its parents.
+
+    Each real parent (symlinks resolved: whoever may change a link may change
+    its own parent too) must belong to root or to us, and be writable by
+    nobody else unless it has the sticky bit (``/tmp``), which keeps others
+    from renaming what is ours.
+    """
+    current = Path(os.path.realpath(directory.parent))
+    while True:
+        try:
+            st = os.lstat(current)
+        except OSError:
+            return False
+        if st.st_uid not in (0, uid):
+            return False
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+            return False
+        if current.parent == current:
+            return True
+        current = current.parent
+
+
+def trusted_dir(directory: Path, create: bool = False) -> bool:
+    """Whether a library found in ``directory`` can only have been put there by us.
+
+    Not followed if it is a symlink (that is not trusted); made with mode
+    0700, parents too, when ``create`` and it does not exist yet.
+    """
+    uid = os.geteuid()
+    if create and not os.path.lexists(directory):
+        missing = []
+        current = directory
+        while not os.path.lexists(current) and current.parent != current:
+            missing.append(current)
+            current = current.parent
+        try:
+            for path in reversed(missing):
+                os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        except OSError:
+            return False
+    try:
+        st = os.lstat(directory)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and _safe_from_others(st, uid) and _parents_safe(directory, uid)
+
+
+def trusted_file(path: Path) -> bool:
+    """A regular file (not a symlink) of ours that nobody else may write."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and _safe_from_others(st, os.geteuid())
+
+
+_private: Path | None = None
+_private_lock = threading.Lock()
+
+
+def private_dir() -> Path:
+    """This process's own build directory (mode 0700, made once, removed at exit)."""
+    global _private
+    with _private_lock:
+        if _private is None or not _private.is_dir():
+            _private = Path(tempfile.mkdtemp(prefix="tfmagic-bindhost-"))
+            atexit.register(shutil.rmtree, str(_private), True)
+        return _private
+
+
+def built_privately(library: str | None) -> bool:
+    """Whether ``library`` lives in this process's :func:`private_dir` (gone when it exits)."""
+    return bool(library) and _private is not None and Path(library).parent == _private
+
+
 def _last_line(text: str) -> str:
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return lines[-1] if lines else "no output"
@@ -108,7 +202,11 @@ def _last_line(text: str) -> str:
 
 @functools.lru_cache(maxsize=8)
 def _build(directory: str) -> tuple[str | None, str]:
-    """Compile the library into ``directory`` once; returns (path, reason-if-not)."""
+    """Compile the library into ``directory`` once; returns (path, reason-if-not).
+
+    A ``directory`` that others could write to (see :func:`trusted_dir`) is
+    not used at all: the library goes to :func:`private_dir` instead.
+    """
     if platform.system() != "Linux":
         return (
             None,
@@ -118,7 +216,10 @@ def _build(directory: str) -> tuple[str | None, str]:
         text = SOURCE.read_text()
     except OSError as exc:
         return None, f"the bind library's source is missing ({exc}), {_UNGUARDED}; reinstall tfmagic"
-    target = Path(directory) / library_key(text)
+    where = Path(directory)
+    if not trusted_dir(where, create=True):
+        where = private_dir()
+    target = where / library_key(text)
     if any(c in str(target) for c in " \t\n:"):
         # ld.so splits LD_PRELOAD on spaces and colons: such a path would be
         # ignored with a warning while we claimed the servers were guarded.
@@ -126,14 +227,13 @@ def _build(directory: str) -> tuple[str | None, str]:
             f"the cache path {str(target)!r} contains a space or colon, which LD_PRELOAD cannot carry, "
             f"{_UNGUARDED}; set TFMAGIC_CACHE_DIR to a plain path"
         )
-    if target.is_file():
+    if trusted_file(target):
         return str(target), ""
     cc = _compiler()
     if cc is None:
         return None, f"no C compiler (cc) was found, {_UNGUARDED}; install gcc to keep them on loopback"
     tmp = None
     try:
-        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".bindhost-", suffix=".so", dir=target.parent)
         os.close(fd)
         proc = subprocess.run(
@@ -147,8 +247,10 @@ def _build(directory: str) -> tuple[str | None, str]:
                 f"compiling the bind library failed ({_last_line(proc.stderr)}), {_UNGUARDED}; "
                 "check the C compiler or set CC"
             )
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, target)
+        os.chmod(tmp, 0o755)  # in a directory only we can write: nobody can swap it meanwhile
+        if not trusted_file(Path(tmp)):
+            raise OSError(f"the compiled library {tmp} is not a private file of ours")
+        os.replace(tmp, target)  # replaces a symlink or someone else's file there, never writes through it
         tmp = None
     except subprocess.TimeoutExpired:
         return None, f"compiling the bind library took over {COMPILE_TIMEOUT:g} s, {_UNGUARDED}; check $CC"

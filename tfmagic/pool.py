@@ -57,22 +57,15 @@ def parse_bytes(value: int | float | str | None) -> int | str:
 
 
 def memory_limit() -> int:
-    """This machine's memory, or the container's limit when that is lower."""
-    import psutil
+    """The lowest memory limit on this process: the machine's, or any cgroup's on its way up
+    (see :mod:`tfmagic.memory`)."""
+    from .memory import memory_limit as lowest
 
-    limit = psutil.virtual_memory().total
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            with open(path) as f:
-                text = f.read().strip()
-        except OSError:
-            continue
-        if text.isdigit():
-            limit = min(limit, int(text))
-    return limit
+    return lowest()
 
 
 def auto_budget() -> int:
+    """A quarter of :func:`memory_limit`, at most 4 GiB; none under 4 GiB."""
     limit = memory_limit()
     if limit < 4 * 2**30:
         return 0

@@ -62,6 +62,22 @@ def uptime(pid: int) -> float | None:
         return None
 
 
+def listening_addresses(pid: int) -> list[tuple[str, int]]:
+    """The TCP addresses ``pid`` listens on, as sorted ``(host, port)``; ``[]`` if it is gone.
+
+    IPv6 sockets show as such (``"::"``, ``"::ffff:127.0.0.1"``).  Raises
+    ``psutil.AccessDenied`` for another user's process rather than answer
+    ``[]`` for what it could not see.
+    """
+    try:
+        proc = psutil.Process(pid)
+        connections = getattr(proc, "net_connections", None) or proc.connections  # psutil < 6
+        found = connections(kind="tcp")
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return []
+    return sorted({(c.laddr.ip, c.laddr.port) for c in found if c.status == psutil.CONN_LISTEN})
+
+
 def human_bytes(n: int | None) -> str:
     if n is None:
         return "-"

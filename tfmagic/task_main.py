@@ -13,13 +13,21 @@ first time something in this process needs it.
 The process talks to its owner through :mod:`tfmagic.protocol` on its
 standard input and a private copy of its standard output; everything the task
 prints (TensorFlow's logs included) goes to its log file.  It ends itself and
-its whole process group when
+everything it started (its descendants, also those a cell moved to a session
+of their own: the task is their *child subreaper*, so orphans re-parent to it)
+when
 
-* its standard input reaches end-of-file (the owner died, even by ``kill -9``:
+* its control channel reaches end-of-file (the owner died, even by ``kill -9``:
   the kernel holds the only write end of that pipe), or
 * its parent process changes (a local owner died while a forked child of it
   still held the pipe open), or
+* its parent dies while it is stopped (``TFMAGIC_PDEATHSIG=1``: the kernel
+  sends SIGKILL; a stopped process cannot read end-of-file), or
 * the owner sends ``stop``.
+
+The control channel is moved off file descriptor 0 at start-up: a cell's
+``input()``, ``breakpoint()`` or child process finds no input (an error that
+says so, or ``/dev/null``), never the owner's ops.
 
 It never forks after importing TensorFlow; code that needs another process
 must spawn one.
@@ -31,6 +39,7 @@ import ast
 import base64
 import builtins
 import importlib.util
+import itertools
 import linecache
 import os
 import pickle
@@ -43,7 +52,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from . import protocol
 
@@ -57,6 +66,14 @@ class TaskRuntime:
         self._out = os.fdopen(os.dup(1), "wb", buffering=0)
         os.dup2(2, 1)
         sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+        # Ops arrive on a private copy of fd 0 (not inherited by children); fd 0
+        # itself becomes /dev/null, and sys.stdin an object that refuses to read,
+        # so neither a cell (input(), breakpoint()) nor its children can eat ops.
+        self._in = os.fdopen(os.dup(0), "rb")
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        sys.stdin = _NoInput(self)
         self._out_lock = threading.Lock()
         self.ops: queue.Queue[dict[str, Any]] = queue.Queue()
         self.handlers: dict[str, Callable[[dict[str, Any]], None]] = {
@@ -72,6 +89,7 @@ class TaskRuntime:
         self._cpu_only = False
         self._gpus_hidden = False
         self._parent = os.getppid()
+        self._adopted: set[tuple[int, int]] = set()  # (pid, start time) of descendants we did not spawn
         self._throttle: subprocess.Popen | None = None
         self.slow_factor = 1.0
         self.namespace: dict[str, Any] | None = None
@@ -101,25 +119,21 @@ class TaskRuntime:
                 self.die("the owner's end of the channel is closed")
 
     def die(self, reason: str, code: int = 1) -> None:
-        """End this process and everything it started, now."""
-        try:
-            sys.stderr.write(f"tfmagic task {os.getpid()}: exiting: {reason}\n")
-            sys.stderr.flush()
-        except Exception:  # noqa: BLE001 - we are exiting anyway
-            pass
-        try:
-            if os.getpgid(0) == os.getpid():
-                # Leader of its own group: take children (spawned by user cells)
-                # along; SIGKILL because nothing here may outlive its owner.
-                os.killpg(os.getpid(), signal.SIGKILL)
-        except OSError:
-            pass
-        os._exit(code)
+        """End this process and everything it started, now (see :func:`end_now`)."""
+        end_now(reason, code)
+
+    @property
+    def label(self) -> str:
+        """``worker:1`` once this process has a role."""
+        return f"{self.task[0]}:{self.task[1]}" if self.task else f"spare task process {os.getpid()}"
 
     def _read_ops(self) -> None:
-        stdin = sys.stdin.buffer
+        stdin = self._in
         while True:
-            line = stdin.readline()
+            try:
+                line = stdin.readline()
+            except OSError:
+                line = b""
             if not line:
                 self.die("the owner went away (end of its channel)")
             msg = protocol.decode(line)
@@ -128,15 +142,45 @@ class TaskRuntime:
                 continue
             urgent = getattr(self, "urgent_" + msg["op"], None)
             if urgent is not None:
-                urgent(msg)  # handled on this thread, even while a cell runs
+                try:
+                    urgent(msg)  # handled on this thread, even while a cell runs
+                except Exception as exc:  # this thread must keep reading: it alone sees the owner go
+                    traceback.print_exc(file=sys.__stderr__)  # the log, not the running cell
+                    self.send("error", id=msg.get("id"), message=f"{type(exc).__name__}: {exc}")
             else:
                 self.ops.put(msg)
 
     def _watch_parent(self) -> None:
-        while True:
+        for tick in itertools.count(1):
             time.sleep(0.5)
             if os.getppid() != self._parent:
                 self.die("the owner process is gone (parent changed)")
+            if tick % 4 == 0:
+                try:
+                    self._reap_adopted()
+                except Exception:  # this thread must keep watching the parent
+                    traceback.print_exc(file=sys.__stderr__)
+
+    def _reap_adopted(self) -> None:
+        """Reap orphans that re-parented to this task (its cells' grandchildren) once they end.
+
+        As child subreaper the task inherits them, and their zombies would stay
+        until it ends.  Only descendants seen earlier under another parent are
+        reaped: a zombie the task spawned itself belongs to whoever waits for
+        it (``subprocess`` would take a stolen status for exit code 0).
+        """
+        me = os.getpid()
+        table = _descendants(me)
+        for pid, (ppid, state, start) in table.items():
+            if ppid == me and state == "Z" and (pid, start) in self._adopted:
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except OSError:
+                    pass
+        seen = {(pid, start) for pid, (_, _, start) in table.items()}
+        self._adopted = (self._adopted & seen) | {
+            (pid, start) for pid, (ppid, _, start) in table.items() if ppid != me
+        }
 
     # -- urgent ops: handled on the reader thread, even while a cell runs ---
     def urgent_slow(self, msg: dict[str, Any]) -> None:
@@ -192,6 +236,27 @@ class TaskRuntime:
             uptime_s=uptime(pid),
         )
 
+    def urgent_listening(self, msg: dict[str, Any]) -> None:
+        """The TCP addresses this process listens on (the owner checks the bind guard with it)."""
+        from .procstats import listening_addresses
+
+        try:
+            addresses = [[host, port] for host, port in listening_addresses(os.getpid())]
+            self.send("listening", id=msg.get("id"), pid=os.getpid(), addresses=addresses)
+        except Exception as exc:  # the owner must not wait for an answer that never comes
+            self.send("listening", id=msg.get("id"), pid=os.getpid(), addresses=None, error=repr(exc))
+
+    def urgent_stacks(self, msg: dict[str, Any]) -> None:
+        """Every thread's Python stack, as text (why is this task hanging?)."""
+        self.send(
+            "stacks",
+            id=msg.get("id"),
+            pid=os.getpid(),
+            task=self.label,
+            exec_id=self.current_exec,
+            threads=thread_stacks(),
+        )
+
     def urgent_crash(self, msg: dict[str, Any]) -> None:
         """End now, as a crash would (``cluster.kill`` of a task this owner cannot signal)."""
         self.die("killed on purpose by the owner (a crash, injected)", code=-9)
@@ -199,7 +264,9 @@ class TaskRuntime:
     def urgent_interrupt(self, msg: dict[str, Any]) -> None:
         """Raise KeyboardInterrupt in the running cell (if it is still that cell)."""
         if self.current_exec is not None and msg.get("exec_id") in (None, self.current_exec):
-            signal.raise_signal(signal.SIGINT)
+            # At the main thread: raised here, on the reader thread, the signal
+            # would wait for the cell's blocking call (time.sleep, a join) to return.
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
     # -- ops -------------------------------------------------------------
     def assign(self, msg: dict[str, Any]) -> None:
@@ -456,6 +523,56 @@ class _CollectiveServer:
         return f"<collective-mode server {self.target}>"
 
 
+class TaskHasNoInput(RuntimeError):
+    """A ``%%tf_px`` cell tried to read input: a task process has no keyboard."""
+
+
+class _NoInput:
+    """``sys.stdin`` of a task: reading it fails with a one-line error saying why.
+
+    The task's real standard input was its owner's control channel; a cell
+    reading it (``input()``, ``breakpoint()``, ``sys.stdin.read()``) would eat
+    the owner's ops and wedge the task for good.  ``fileno()`` is 0, which is
+    ``/dev/null`` by then (what the cell's child processes read).
+    """
+
+    encoding = "utf-8"
+    errors = "strict"
+    newlines = None
+    closed = False
+    name = "<stdin of a tfmagic task: no input>"
+
+    def __init__(self, runtime: TaskRuntime) -> None:
+        self._runtime = runtime
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise TaskHasNoInput(
+            f"{self._runtime.label}: a %%tf_px cell cannot read input (input(), breakpoint(), pdb): "
+            "a task has no keyboard; put the values in the cell"
+        )
+
+    read = readline = readlines = read1 = readinto = __next__ = _refuse
+
+    def __iter__(self) -> _NoInput:
+        return self
+
+    @property
+    def buffer(self) -> _NoInput:
+        return self
+
+    def fileno(self) -> int:
+        return 0
+
+    def isatty(self) -> bool:
+        return False
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+
 class _StreamToOwner:
     """sys.stdout/sys.stderr during a cell: each line goes to the owner (and the log)."""
 
@@ -495,6 +612,195 @@ class _StreamToOwner:
     @property
     def encoding(self) -> str:
         return "utf-8"
+
+
+#: A private directory holding this task's bind library (see ``_guard_self``), removed at its end.
+_guard_tmpdir: str | None = None
+
+
+def end_now(reason: str, code: int = 1) -> NoReturn:
+    """End this process and everything it started, now; nothing here can block.
+
+    The reason goes to the log with one non-blocking ``os.write`` on fd 2: no
+    Python stream and no lock, because during a cell ``sys.stderr`` is the
+    stream to the owner, whose lock the dying thread may hold itself (a cell
+    printing when the channel broke) and whose pipe may be gone.  Then every
+    descendant gets SIGKILL (also those in sessions of their own, which a
+    group kill misses), then the process group, this process included.
+    """
+    try:
+        os.set_blocking(2, False)
+        os.write(2, f"tfmagic task {os.getpid()}: exiting: {reason}\n".encode(errors="replace"))
+    except Exception:  # a full or closed log must not keep us alive
+        pass
+    kill_descendants()
+    if _guard_tmpdir:
+        try:
+            for name in os.listdir(_guard_tmpdir):
+                os.unlink(os.path.join(_guard_tmpdir, name))
+            os.rmdir(_guard_tmpdir)
+        except OSError:
+            pass
+    try:
+        if os.getpgid(0) == os.getpid():
+            os.killpg(os.getpid(), signal.SIGKILL)  # the leader of its group: nothing may outlive it
+    except OSError:
+        pass
+    if code < 0:  # a crash on purpose (``crash``): die of that signal, as a real one would
+        try:
+            os.kill(os.getpid(), -code)
+        except OSError:
+            pass
+    os._exit(code)
+
+
+def _stat(pid: int | str) -> tuple[int, str, int] | None:
+    """(parent pid, state letter, start time in ticks) from ``/proc/PID/stat``; raw syscalls only."""
+    try:
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+        try:
+            data = os.read(fd, 4096)
+        finally:
+            os.close(fd)
+        fields = data.rpartition(b")")[2].split()  # the name before it may hold spaces and parentheses
+        return int(fields[1]), fields[0].decode(), int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _children_files(pid: int) -> list[str]:
+    try:
+        return [f"/proc/{pid}/task/{tid}/children" for tid in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return []
+
+
+def _descendants(root: int) -> dict[int, tuple[int, str, int]]:
+    """Every descendant of ``root``: pid -> (parent pid, state, start time).  ``{}`` without /proc.
+
+    Reads the kernel's per-thread ``children`` lists where it has them
+    (``CONFIG_PROC_CHILDREN``), else every ``/proc/PID/stat``.
+    """
+    found: dict[int, tuple[int, str, int]] = {}
+    if os.path.exists(f"/proc/{root}/task/{root}/children"):
+        todo = [root]
+        while todo:
+            pid = todo.pop()
+            for path in _children_files(pid):
+                try:
+                    fd = os.open(path, os.O_RDONLY)
+                    try:
+                        kids = os.read(fd, 65536).split()
+                    finally:
+                        os.close(fd)
+                except OSError:
+                    continue
+                for kid in map(int, kids):
+                    info = _stat(kid)
+                    if info is not None and kid not in found:
+                        found[kid] = info
+                        todo.append(kid)
+        return found
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return found
+    table = {}
+    for name in names:
+        if name.isdigit():
+            info = _stat(name)
+            if info is not None:
+                table[int(name)] = info
+    todo = [root]
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    while todo:
+        for kid in children.get(todo.pop(), ()):
+            if kid not in found:
+                found[kid] = table[kid]
+                todo.append(kid)
+    return found
+
+
+def kill_descendants(rounds: int = 20) -> None:
+    """SIGKILL every live descendant of this process, again until none is left.
+
+    Rounds catch what a dying descendant forked meanwhile (as child subreaper
+    this process inherits those orphans, so they show up as descendants).
+    """
+    me = os.getpid()
+    for _ in range(rounds):
+        alive = [pid for pid, (_, state, _) in _descendants(me).items() if state not in ("Z", "X")]
+        if not alive:
+            return
+        for pid in alive:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.01)
+
+
+def thread_stacks() -> list[dict[str, Any]]:
+    """Each Python thread's name, ids and current stack as text (main thread first)."""
+    threads = {t.ident: t for t in threading.enumerate()}
+    me = threading.get_ident()
+    found = []
+    for ident, frame in sys._current_frames().items():
+        thread = threads.get(ident)
+        found.append(
+            {
+                "name": thread.name if thread is not None else f"thread {ident}",
+                "ident": ident,
+                "native_id": getattr(thread, "native_id", None),
+                "daemon": thread.daemon if thread is not None else None,
+                "current": ident == me,
+                "stack": "".join(traceback.format_stack(frame)),
+            }
+        )
+    found.sort(key=lambda t: (t["name"] != "MainThread", t["name"]))
+    return found
+
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _prctl(option: int, value: int) -> bool:
+    """Linux's prctl(2); ``False`` where there is none (other systems) or it fails."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(option, value, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _tie_to_owner() -> None:
+    """First thing a task does: make sure nothing it starts can outlive its owner.
+
+    * Child subreaper: orphans of the cells' processes (a daemon, a child in a
+      session of its own whose parent exited) re-parent to this task instead
+      of init, so :func:`kill_descendants` finds them when the task ends.
+    * ``TFMAGIC_PDEATHSIG=1``: the kernel sends SIGKILL when the parent dies,
+      which reaches a stopped (SIGSTOP, a debugger) task that can never read
+      end-of-file.  It fires when the parent *thread* exits, so only an owner
+      that spawns tasks from a thread living as long as itself sets it.  If
+      the parent already died before this line ran (``TFMAGIC_OWNER_PID``, the
+      owner's pid, differs from ours) the task ends at once.
+
+    Both are set again after ``_guard_self``'s ``exec``, which keeps them anyway.
+    """
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    if os.environ.get("TFMAGIC_PDEATHSIG") == "1":
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        owner = os.environ.get("TFMAGIC_OWNER_PID", "")
+        if owner.isdigit() and os.getppid() != int(owner):
+            end_now(f"the owner (pid {owner}) was gone before this task started")
 
 
 def _tune_monitored_session(tf) -> None:
@@ -645,18 +951,28 @@ def _guard_self() -> None:
     host = os.environ.get("TFMAGIC_GUARD_HOST")
     if not host or os.environ.get("TFMAGIC_BIND_HOST"):
         return
-    from .loopback import bind_guard
+    from .loopback import bind_guard, built_privately
 
     guard = bind_guard(host)
     if not guard.available:
         os.environ["TFMAGIC_GUARD_FAILED"] = guard.reason
         return
+    env = {**os.environ, **guard.env}
+    if built_privately(guard.library):
+        # Built privately (this host's cache could be written by others); ``exec``
+        # skips the exit handler that would remove it, so the task does at its end.
+        env["TFMAGIC_GUARD_TMPDIR"] = os.path.dirname(guard.library)
     sys.stdout.flush()
-    os.execve(sys.executable, [sys.executable, "-u", "-m", "tfmagic.task_main"], {**os.environ, **guard.env})
+    os.execve(sys.executable, [sys.executable, "-u", "-m", "tfmagic.task_main"], env)
 
 
 def main() -> None:
+    global _guard_tmpdir
+    _tie_to_owner()
     _guard_self()
+    _guard_tmpdir = os.environ.pop("TFMAGIC_GUARD_TMPDIR", None)
+    for key in ("TFMAGIC_PDEATHSIG", "TFMAGIC_OWNER_PID"):
+        os.environ.pop(key, None)  # meant for this process, not for what its cells start
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.excepthook = _quiet_queue_runner_shutdown
     TaskRuntime().run()
