@@ -69,7 +69,7 @@ def test_variables_are_spread_over_the_ps_tasks_and_data_stays_on_workers():
             "/job:ps/replica:0/task:0",
             "/job:ps/replica:0/task:1",
         }
-        w = run._workers[tfmagic.TaskName("worker", 0)]
+        w = run.policy.workers[tfmagic.TaskName("worker", 0)]
         assert all(t.device.startswith("/job:worker/replica:0/task:0") for t in w.tensors)
 
 
@@ -221,17 +221,17 @@ def test_sync_without_backups_fails_fast_with_a_clear_message(c3):
 def test_losing_the_ps_is_reported_within_seconds_and_training_resumes(c3, mode):
     run = TrainingRun(c3, mode, model="digits", steps=500, checkpoint_every=40, lr=0.05).start()
     poll_for(
-        lambda: run.history.steps >= 150 and run._last_checkpoint_step >= 40,
+        lambda: run.history.steps >= 150 and run.checkpoints.last_step >= 40,
         60,
-        what=lambda: f"150 updates and a checkpoint (errors: {run._checkpoint_errors})",
+        what=lambda: f"150 updates and a checkpoint (errors: {run.checkpoints.errors})",
     )
     c3.kill("ps:0")
     t0, killed_at = time.monotonic(), time.time()
     with pytest.raises(TrainingError, match=r"ps:0 was lost.*restart.*resume\(\)"):
         run.wait(timeout=30)
     assert time.monotonic() - t0 < 5
-    ckpt_step = run._last_checkpoint_step
-    assert ckpt_step >= 40, f"no checkpoint; attempts failed with: {run._checkpoint_errors}"
+    ckpt_step = run.checkpoints.last_step
+    assert ckpt_step >= 40, f"no checkpoint; attempts failed with: {run.checkpoints.errors}"
     c3.restart("ps:0")
     run.resume()
     h = run.history

@@ -23,12 +23,16 @@ _EXPORTS = {
     "Cluster": "cluster",
     "LocalCluster": "cluster",
     "SSHCluster": "cluster",
-    "SparkCluster": "launchers.spark",
+    "SparkCluster": "cluster",
+    "Session": "session",
+    "ClusterRequest": "backends",
     "AttachedCluster": "attach",
     "attach": "attach",
     "NotOwned": "errors",
     "StartOutcome": "cluster",
-    "current_cluster": "cluster",
+    "current_cluster": "session",
+    "Event": "events",
+    "NeedsForce": "errors",
     "BadClusterShape": "errors",
     "BadTaskName": "errors",
     "ClusterRunning": "errors",
@@ -67,6 +71,9 @@ def __getattr__(name: str):
             "metrics",
             "export",
             "attach",
+            "session",
+            "events",
+            "backends",
         ):
             import importlib
 

@@ -21,15 +21,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 from pathlib import Path
 from typing import Any
 
-from . import client
-from .cluster import Cluster, StartOutcome
-from .errors import ClusterStartError, NotOwned
-from .launchers.base import Launcher, TaskState
+from . import client, net
+from .cluster import Attached, Cluster, Reused, StartOutcome
+from .errors import ClusterStartError, NoCluster, NotOwned
+from .launchers.attached import AttachedLauncher, AttachedTask
 from .spec import ClusterDef, ClusterShape, TaskName
 
 #: Jobs a cluster to attach to may have.
@@ -50,7 +49,15 @@ def parse_spec(spec: Any) -> ClusterDef:
                     f"{text!r} is neither JSON nor a file; give a ClusterSpec such as "
                     '\'{"ps": ["host:2222"], "worker": ["host:2223"]}\', a TF_CONFIG, or a path to one'
                 )
-            text = path.read_text()
+            try:
+                text = path.read_text(encoding="utf-8")
+            except (UnicodeDecodeError, OSError) as exc:
+                reason = (
+                    "is not a text file" if isinstance(exc, UnicodeDecodeError) else f"cannot be read ({exc})"
+                )
+                raise ClusterStartError(
+                    f"{text!r} {reason}; give a JSON ClusterSpec or TF_CONFIG file"
+                ) from None
         try:
             value = json.loads(text)
         except ValueError as exc:
@@ -70,96 +77,28 @@ def parse_spec(spec: Any) -> ClusterDef:
                 f"job {job!r} is not one tfmagic can drive; a cluster has {', '.join(JOBS)} jobs"
             )
         if isinstance(addrs, dict):  # {"0": "host:port"} as TF allows
+            bad = [
+                k for k in addrs if not (isinstance(k, (str, int)) and str(k).isascii() and str(k).isdigit())
+            ]
+            if bad:
+                raise ClusterStartError(
+                    f"job {job!r} has task index {bad[0]!r}; indices are whole numbers 0, 1, ..."
+                )
             addrs = [addrs[k] for k in sorted(addrs, key=int)]
         if not isinstance(addrs, list) or not all(isinstance(a, str) and ":" in a for a in addrs):
             raise ClusterStartError(f"job {job!r} must list addresses as 'host:port', got {addrs!r}")
+        for a in addrs:
+            port = a.rsplit(":", 1)[1]
+            if not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+                raise ClusterStartError(
+                    f"{a!r} in job {job!r} has no valid port ({port!r}); write addresses as 'host:2222'"
+                )
         jobs[job] = list(addrs)
     if not jobs.get("worker"):
         raise ClusterStartError(
             "the cluster has no worker task; tfmagic needs at least one worker to compute on"
         )
     return ClusterDef.from_mapping(jobs)
-
-
-class AttachedTask:
-    """A task tfmagic did not start: an address, alive while it accepts connections."""
-
-    state = TaskState.RUNNING
-    pid = task_pid = None
-    exit_code = None
-    failure = None
-    destination = None
-    bind_host = None
-    task_hostname = None
-    log_path = ""
-
-    def __init__(self, address: str) -> None:
-        self.address = address
-        self.host = address.rsplit(":", 1)[0]
-        self.listeners: list = []
-        self._checked = 0.0
-        self._alive = True
-
-    @property
-    def alive(self) -> bool:
-        now = time.monotonic()
-        if now - self._checked > 1.0:
-            self._checked = now
-            host, port = self.address.rsplit(":", 1)
-            try:
-                socket.create_connection((host, int(port)), timeout=1.0).close()
-                self._alive = True
-            except OSError:
-                self._alive = False
-        return self._alive
-
-    @property
-    def label(self) -> str:
-        return f"the task at {self.address}"
-
-    def log_tail(self, lines: int = 20) -> str:
-        return ""
-
-    def request(self, op: str, **_fields):
-        raise NotOwned(f"{self.label} was not started by tfmagic; it cannot be asked to {op}")
-
-    def send(self, op: str, **_fields) -> None:
-        raise NotOwned(f"{self.label} was not started by tfmagic; it cannot be asked to {op}")
-
-    def kill(self) -> None:
-        raise NotOwned(f"{self.label} was not started by tfmagic, which leaves it running")
-
-
-class AttachedLauncher(Launcher):
-    """Stands where a launcher would: nothing to start, nothing to kill."""
-
-    name = "attached"
-    remote = True
-    spares = False
-
-    def spawn(self, log_path: str, host: str | None = None):
-        raise NotOwned("tfmagic did not start this cluster and cannot start tasks in it")
-
-    def kill(self, proc) -> None:
-        raise NotOwned(f"{proc.label} was not started by tfmagic, which leaves it running")
-
-    def wait_exit(self, proc) -> int | None:
-        return None
-
-    def read_log(self, proc, tail: int | None = None) -> str:
-        return (
-            f"(tfmagic did not start {proc.label}; its log is wherever it was started, "
-            "for example the terminal or the scheduler's output file)"
-        )
-
-    def stats(self, proc) -> dict | None:
-        return None
-
-    def security_note(self) -> str:
-        return (
-            "tfmagic did not start these servers and cannot limit who reaches them: TensorFlow servers run "
-            "any graph anyone who can reach their port sends"
-        )
 
 
 class AttachedCluster(Cluster):
@@ -183,48 +122,54 @@ class AttachedCluster(Cluster):
         self._defn = defn
 
     def start(self, progress=None, timeout: float | None = None) -> StartOutcome:
-        """Check that every task accepts connections, then treat the cluster as running."""
+        """Check that every task answers as a gRPC server, then treat the cluster as running.
+
+        A port that accepts connections but does not answer (a stopped
+        process, something else on that port) is refused here with its
+        address: TensorFlow's client would wait for it for ever.
+        """
         if self.running:
-            return StartOutcome("reused")
+            return Reused(age_s=time.time() - (self.started_at or time.time()))
         say = progress or (lambda task, stage, detail: None)
         t0 = time.monotonic()
         deadline = t0 + (self.start_timeout if timeout is None else timeout)
         procs = {}
         for task in self._defn.tasks():
             address = self._defn.address(task)
-            host, port = address.rsplit(":", 1)
-            while True:
-                try:
-                    socket.create_connection((host, int(port)), timeout=2.0).close()
-                    break
-                except OSError as exc:
-                    if time.monotonic() > deadline:
-                        raise ClusterStartError(
-                            f"{task} at {address} does not accept connections ({exc}); is that server "
-                            "running, and is the address right? Nothing was changed.",
-                            task=str(task),
-                        ) from None
-                    time.sleep(0.2)
-            procs[task] = AttachedTask(address)
-            say(str(task), "up", f"{address} (not started by tfmagic)")
+            while not net.port_answers(address, timeout=2.0):
+                if time.monotonic() > deadline:
+                    raise ClusterStartError(
+                        f"{task} at {address} does not accept connections; is that server "
+                        "running, and is the address right? Nothing was changed.",
+                        task=task,
+                    )
+                time.sleep(0.2)
+            if not net.grpc_answers(address, timeout=max(1.0, min(5.0, deadline - time.monotonic()))):
+                raise ClusterStartError(
+                    f"{task} at {address} accepts connections but does not answer as a TensorFlow server "
+                    "(stopped, hung, or another program on that port); check the address. Nothing was changed.",
+                    task=task,
+                )
+            procs[task] = AttachedTask(address, task)
+            say(task, "up", f"{address} (not started by tfmagic)")
         self.procs = procs
         self.cluster_def = self._defn
         self.started_at = time.time()
-        outcome = StartOutcome("attached", seconds=time.monotonic() - t0)
+        outcome = Attached(seconds=time.monotonic() - t0)
         self.last_outcome = outcome
         return outcome
 
-    def stop(self) -> None:
+    def stop(self, reason: str = "detached from the cluster") -> None:
         """Let go of the cluster: its servers keep running (tfmagic did not start them)."""
         with self._lock:
             if not self.procs:
-                from .errors import NoCluster
-
                 raise NoCluster(f"cluster {self.name} is not attached; nothing to detach from")
+            self.emit("stopping", None, reason)
             self.procs = {}
             self.cluster_def = None
+            self.stopped_at = time.time()
             client.forget(self.id)
-        self.emit("detach", "cluster", "detached; its servers keep running (tfmagic did not start them)")
+        self.emit("detach", None, "detached; its servers keep running (tfmagic did not start them)")
 
     def _not_owned(self, what: str, task) -> NotOwned:
         t = self.check_task(task)
@@ -239,7 +184,7 @@ class AttachedCluster(Cluster):
     def kill(self, task) -> None:
         raise self._not_owned("kill", task)
 
-    def restart(self, task, timeout: float | None = None) -> StartOutcome:
+    def restart(self, task, timeout: float | None = None, force: bool = False) -> StartOutcome:
         raise self._not_owned("restart", task)
 
     def logs(self, task, tail: int | None = 50) -> str:
@@ -254,4 +199,4 @@ def attach(spec: Any, *, name: str | None = None, connect_timeout: float = 10.0)
     return cluster
 
 
-__all__ = ["AttachedCluster", "attach", "parse_spec", "TaskName"]
+__all__ = ["AttachedCluster", "AttachedLauncher", "AttachedTask", "attach", "parse_spec", "TaskName"]

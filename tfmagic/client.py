@@ -1,63 +1,103 @@
 """This process as a client of a cluster (the notebook kernel, or a script).
 
-``experimental_connect_to_cluster`` is process-wide state in TensorFlow, so it
-lives here, in one place: which cluster we are connected to, and renewing the
-connection when a task was restarted (a restarted task answers ``Unable to
-find a context_id`` until the client connects again).
+TensorFlow's connection to a cluster (its eager context's server definition)
+is process-wide state, so it lives here, in one place: which cluster we are
+connected to, moving to another one without a new client server each time
+(:func:`client_port`), renewing the connection when a task was restarted (a
+restarted task answers ``Unable to find a context_id`` until the client
+connects again), and never letting a task that does not answer take the
+kernel with it (:class:`_Gate`, the deadline in :func:`connect`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import socket
+import os
 import sys
 import threading
+import time
 from collections.abc import Iterator
 
-from .errors import TfmagicError
+from .errors import ClientBusy
 from .spec import ClusterDef, TaskName
 
 _lock = threading.RLock()
 
 
-class ClientPortTaken(TfmagicError):
-    """The client port a tunnel forwards to is held by an older TensorFlow client server."""
+#: Seconds a change of the connection waits for remote calls in flight, and for TensorFlow.
+CONNECT_TIMEOUT = 20.0
 
 
 class _Gate:
-    """Many remote calls at once, or one (re)connection, never both.
+    """Many remote calls at once, or one change of the connection, never both.
 
-    TensorFlow's connect waits for every op in flight; a training engine
-    whose threads are mid-call would otherwise race a reconnection after a
-    task restart.  Engines wrap each remote call in ``gate.call()``.
+    TensorFlow's connect waits for every op in flight, and an op on a task
+    that does not answer (stopped, hung) waits for ever; so a change of the
+    connection (a task restarted, another cluster) first waits for the calls
+    in flight, *with a deadline*, and says who holds it instead of hanging.
+    A training run that gives up on its calls (``stop()`` while a task does
+    not answer) drops them with :meth:`drop`: nothing later inherits them.
     """
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._calls = 0
+        self._calls: dict[object, tuple[str, float]] = {}  # token -> (who, since)
         self._exclusive = False
 
     @contextlib.contextmanager
-    def call(self) -> Iterator[None]:
+    def call(self, who: str = "a remote call") -> Iterator[None]:
+        token = object()
         with self._cond:
             while self._exclusive:
                 self._cond.wait()
-            self._calls += 1
+            self._calls[token] = (who, time.monotonic())
         try:
             yield
         finally:
             with self._cond:
-                self._calls -= 1
+                self._calls.pop(token, None)
                 self._cond.notify_all()
 
-    @contextlib.contextmanager
-    def exclusive(self) -> Iterator[None]:
+    def drop(self, who: str) -> int:
+        """Forget the calls ``who`` left waiting (they may never return); how many there were."""
         with self._cond:
-            while self._exclusive:
-                self._cond.wait()
-            self._exclusive = True
-            while self._calls:
-                self._cond.wait()
+            tokens = [t for t, (w, _since) in self._calls.items() if w == who]
+            for t in tokens:
+                del self._calls[t]
+            self._cond.notify_all()
+        return len(tokens)
+
+    def in_flight(self) -> list[tuple[str, float]]:
+        """``(who, seconds waiting)`` of every call in flight, oldest first."""
+        now = time.monotonic()
+        with self._cond:
+            return sorted(((w, now - t0) for w, t0 in self._calls.values()), key=lambda x: -x[1])
+
+    @contextlib.contextmanager
+    def exclusive(self, timeout: float = CONNECT_TIMEOUT) -> Iterator[None]:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._exclusive:  # one change at a time
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ClientBusy("another change of the connection is under way; try again")
+                self._cond.wait(min(left, 0.25))
+            self._exclusive = True  # from here no new call starts: the ones in flight drain
+            try:
+                while self._calls:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        who, waited = self.in_flight()[0]
+                        raise ClientBusy(
+                            f"the connection to the cluster cannot change now: {who} has waited {waited:.0f} s "
+                            "for a task that does not answer; stop that run or cell, or restart (or stop) the "
+                            "task it waits on, then try again"
+                        )
+                    self._cond.wait(min(left, 0.25))
+            except BaseException:
+                self._exclusive = False
+                self._cond.notify_all()
+                raise
         try:
             yield
         finally:
@@ -67,52 +107,29 @@ class _Gate:
 
 
 gate = _Gate()
-_connected: tuple[int, tuple] | None = None  # (cluster id, frozen spec)
+_connected: tuple | None = None  # (cluster id, frozen spec, client address)
 _generation = 0
+_port: int | None = None
+_pending: threading.Thread | None = None  # a change of the connection that did not finish in time
 
 
-#: A client address a launcher asked for -> the one TensorFlow serves on.
-_served: dict[str, str] = {}
+def client_port() -> int:
+    """The port this process serves on as every cluster's client, chosen once.
 
-
-def _port_free(host: str, port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def _serving_address(requested: str, same_def: bool, fixed_port: bool = False) -> str:
-    """Where this process will serve as the client for ``requested``.
-
-    TensorFlow starts a new gRPC server whenever the cluster definition
-    changes and never shuts the old ones down (measured here: connecting
-    to an SSH cluster, then a local one, then the SSH one again failed with
-    "Could not start gRPC server": the first server still held the port the
-    launcher asks for each time).  An unchanged definition (a reconnection
-    after a task restart) keeps TF's server, so it keeps its address; a
-    changed one gets a free port on the same host when the asked one is
-    taken.
+    TensorFlow starts a gRPC server in the client the first time it connects,
+    on every interface (the bind address is fixed in TensorFlow), and never
+    stops it.  Moving to another cluster with a *new* server definition made
+    it start one more each time (measured: +89 threads, +40 MB and one more
+    open port per cluster); tfmagic keeps the client's own task and port the
+    same and moves with ``update_server_def`` instead (+3 threads, no port).
     """
-    actual = _served.get(requested, requested)
-    if same_def:
-        return actual
-    host, _, port = actual.rpartition(":")
-    if _port_free(host, int(port)):
-        return actual
-    if fixed_port:
-        raise ClientPortTaken(
-            f"this process already served as another cluster's client on port {port} (TensorFlow keeps "
-            "its client servers until the process ends), and this cluster's SSH tunnels lead to that port. "
-            "Stop this cluster and start it again (%tf_cluster stop, then start): it picks a new port."
-        )
-    from .launchers.local import free_port
+    global _port
+    with _lock:
+        if _port is None:
+            from .net import free_port
 
-    fresh = f"{host}:{free_port(host)}"
-    _served[requested] = fresh
-    return fresh
+            _port = free_port("0.0.0.0")
+        return _port
 
 
 def _frozen(defn: ClusterDef) -> tuple:
@@ -168,48 +185,84 @@ def _install_quiet_hook() -> None:
 
 
 def connect(
-    owner_id: int,
-    defn: ClusterDef,
-    *,
-    force: bool = False,
-    client_address: str | None = None,
-    fixed_port: bool = False,
+    owner_id: int, defn: ClusterDef, *, force: bool = False, client_address: str | None = None
 ) -> bool:
     """Make this process a client of the cluster; returns whether it (re)connected.
 
     Connecting again to the same cluster is a no-op unless ``force`` (used
-    after a task restart).  The client joins as job ``localhost``, outside the
-    cluster's own spec, and keeps its own CPU as the default device.
+    after a task restart).  The client joins as job ``localhost``, outside
+    the cluster's own spec, always as the same task on the same port (see
+    :func:`client_port`), and keeps its own CPU as the default device.
 
     ``client_address`` is where the tasks reach this process (they pull
     tensors the client made from it).  TensorFlow's default,
     ``localhost:<port>``, only works when every task shares this machine's
     loopback; remote launchers give an address the tasks can reach.
+
+    The change runs on a helper thread with a deadline: TensorFlow waits for
+    a task that accepts connections but does not answer (stopped, or not a
+    TensorFlow server at all) for ever, and the kernel must stay usable.
     """
-    global _connected, _generation
+    global _connected, _generation, _pending
     key = (owner_id, _frozen(defn), client_address)
     with _lock:
         if _connected == key and not force:
             return False
-        import os
-
+        if _pending is not None and _pending.is_alive():
+            raise ClientBusy(
+                "an earlier connection to a cluster is still waiting for a task that does not answer; "
+                "stop that cluster (%tf_cluster stop) or end the task it waits on, then try again"
+            )
+        _pending = None
         import tensorflow as tf
+        from tensorflow.core.protobuf.tensorflow_server_pb2 import ServerDef
+        from tensorflow.python.eager import context
 
         _install_quiet_hook()
         # A call to a dead task should fail at once (the engine then knows the
         # task is lost), not wait for it to come back.
         os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
-        target = resolver(defn)
-        if client_address:
-            address = _serving_address(client_address, same_def=_connected == key, fixed_port=fixed_port)
-            jobs = {**defn.as_dict(), "localhost": [address]}
-            target = tf.distribute.cluster_resolver.SimpleClusterResolver(
-                tf.train.ClusterSpec(jobs), rpc_layer="grpc"
-            )
+        address = client_address or f"localhost:{client_port()}"
+        jobs = {**defn.as_dict(), "localhost": [address]}
+        ctx = context.context()
+        server_def = ServerDef(
+            cluster=tf.train.ClusterSpec(jobs).as_cluster_def(),
+            job_name="localhost",
+            task_index=0,
+            protocol="grpc",
+            default_session_config=ctx.config,
+        )
+        first = ctx.get_server_def() is None
+        outcome: list = []
+
+        def change() -> None:
+            try:
+                if first:
+                    ctx.set_server_def(server_def)
+                else:
+                    ctx.update_server_def(server_def)
+                outcome.append(None)
+            except BaseException as exc:  # noqa: BLE001 - raised on the caller's thread
+                outcome.append(exc)
+
         with gate.exclusive():
-            tf.config.experimental_connect_to_cluster(
-                target, job_name="localhost", make_master_device_default=False
-            )
+            worker = threading.Thread(target=change, name="tfmagic-connect", daemon=True)
+            worker.start()
+            try:
+                worker.join(CONNECT_TIMEOUT)
+            finally:  # also when interrupted: the change may still be under way in TensorFlow
+                if worker.is_alive():
+                    _pending = worker
+                    _connected = None
+            if worker.is_alive():
+                raise ClientBusy(
+                    f"connecting to the cluster did not finish in {CONNECT_TIMEOUT:g} s: a task accepts "
+                    "connections but does not answer (stopped with SIGSTOP, hung, or not a TensorFlow "
+                    "server); cluster.why() says which. Stop that cluster or end that task, then try again"
+                )
+        if outcome and outcome[0] is not None:
+            _connected = None
+            raise outcome[0]
         _connected = key
         _generation += 1
         return True

@@ -1,9 +1,10 @@
 """A cluster: a spec plus the task processes that serve it.
 
-``Cluster`` owns the lifecycle (start, stop, status, logs) and is the
-plain-Python API; where the processes run is the launcher's business
+``Cluster`` owns the lifecycle (start, stop, restart, status, logs) and is
+the plain-Python API; where the processes run is the launcher's business
 (:mod:`tfmagic.launchers`).  ``LocalCluster`` is the cluster whose tasks run
-on this machine::
+on this machine; ``SSHCluster`` and ``SparkCluster`` make the same cluster
+with another launcher, as dask's ``SSHCluster`` does::
 
     import tfmagic
     with tfmagic.LocalCluster(ps=1, workers=2) as cluster:
@@ -13,9 +14,12 @@ on this machine::
         with cluster.device("worker:1"):
             y = w + 1.0                   # computed on worker 1
 
-Start outcomes are data (:class:`StartOutcome`), failures are
-:class:`~tfmagic.errors.ClusterStartError` carrying the task and the tail of
-its log; the magics turn both into messages in one place.
+Start outcomes are data (:class:`StartOutcome` and its closed set of
+kinds), failures are :class:`~tfmagic.errors.ClusterStartError` carrying the
+task and the tail of its log; the session and the magics turn both into
+messages in one place.  What happens to the cluster is published on
+``cluster.events`` (see :mod:`tfmagic.events`): a training run, a
+``%%tf_px`` cell and a dashboard follow it, and end when the cluster stops.
 """
 
 from __future__ import annotations
@@ -23,16 +27,17 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from . import client, owner
-from .errors import BadClusterShape, ClusterStartError, NoCluster, TaskLost
-from .launchers.base import Launcher, TaskProcess, TaskState
+from .errors import BadClusterShape, ClusterStartError, NeedsForce, NoCluster, TaskLost
+from .events import Event, Topic
+from .launchers.base import Launcher, TaskHandle, TaskState
 from .launchers.local import LocalLauncher
 from .pool import SparePool, default_pool
 from .spec import ClusterDef, ClusterShape, TaskName
@@ -42,26 +47,17 @@ from .status import ClusterStatus, TaskStatus
 Progress = Callable[[str, str, str], None]
 
 _ids = itertools.count(1)
-_current: Cluster | None = None
-_current_lock = threading.Lock()
+
+#: Memory one task costs before any was measured (PSS of a task here: about 0.18 GB).
+TASK_BYTES = 200 * 2**20
 
 
-def current_cluster() -> Cluster | None:
-    """The cluster the magics manage (started with ``%tf_cluster start``), or None."""
-    return _current
-
-
-def set_current(cluster: Cluster | None) -> None:
-    global _current
-    with _current_lock:
-        _current = cluster
-
-
+# -- what a start did: a closed set, turned into messages in one place ----------------------
 @dataclass
 class StartOutcome:
-    """What a start did: ``launched`` (with how many tasks came warm) or ``reused``."""
+    """What a start did.  Exactly one of the subclasses below; ``kind`` names it."""
 
-    kind: str
+    kind: ClassVar[str] = "started"
     seconds: float = 0.0
     warm: int = 0
     cold: int = 0
@@ -70,23 +66,54 @@ class StartOutcome:
 
 
 @dataclass
-class ClusterEvent:
-    """Something that happened to a task: ``slow``, ``kill``, ``restart``, ``lost``."""
+class Launched(StartOutcome):
+    """Every task was started (``warm`` of them from spare processes)."""
 
-    time: float
-    kind: str
-    task: str
-    detail: str = ""
+    kind: ClassVar[str] = "launched"
+
+
+@dataclass
+class Reused(StartOutcome):
+    """The cluster asked for was already running: nothing was started."""
+
+    kind: ClassVar[str] = "reused"
+    age_s: float = 0.0
+
+
+@dataclass
+class Replaced(Launched):
+    """Another cluster was running; it was stopped and this one started."""
+
+    kind: ClassVar[str] = "replaced"
+    replaced: str = ""
+
+
+@dataclass
+class Restarted(StartOutcome):
+    """One task was started again on its old address."""
+
+    kind: ClassVar[str] = "restarted"
+
+
+@dataclass
+class Attached(StartOutcome):
+    """A cluster tfmagic did not start answers; nothing was started."""
+
+    kind: ClassVar[str] = "attached"
 
 
 class _PortTaken(Exception):
     """A task's port was taken between picking it and binding it."""
 
 
-def _threads_for(job: str, tasks_on_host: int) -> dict[str, int]:
+def _threads_for(tasks_on_host: int) -> dict[str, int]:
     cores = os.cpu_count() or 1
     share = max(1, cores // max(1, tasks_on_host))
     return {"intra": share, "inter": max(2, share)}
+
+
+def _same_host(listening: str, bind_host: str) -> bool:
+    return listening in (bind_host, f"::ffff:{bind_host}")
 
 
 class Cluster:
@@ -133,25 +160,30 @@ class Cluster:
             raise BadClusterShape(
                 "collective mode (MultiWorkerMirroredStrategy, all-reduce) has no parameter servers; use ps=0"
             )
+        if not (isinstance(start_timeout, (int, float)) and 0 < start_timeout < float("inf")):
+            raise BadClusterShape(f"start_timeout must be a number of seconds > 0, not {start_timeout!r}")
         self.collective = collective
         self.id = next(_ids)
         self.name = name or f"c{self.id}"
         self.launcher = launcher or LocalLauncher()
         self.env = dict(env or {})
         self.worker_gpus = self._gpu_map(worker_gpus, workers)
-        self.use_spares = spares and self.launcher.spares and os.environ.get("TFMAGIC_SPARES", "1") != "0"
+        self.use_spares = (
+            spares and self.launcher.makes_spares and os.environ.get("TFMAGIC_SPARES", "1") != "0"
+        )
         self.pool = pool or default_pool()
-        self.start_timeout = start_timeout
+        self.start_timeout = float(start_timeout)
         self._log_dir = Path(log_dir) if log_dir else None
-        self.procs: dict[TaskName, TaskProcess] = {}
+        self.procs: dict[TaskName, TaskHandle] = {}
         self.cluster_def: ClusterDef | None = None
         self.started_at: float | None = None
+        self.stopped_at: float | None = None
         self._lock = threading.RLock()
         self._killed_on_purpose: set[int] = set()
         self.last_outcome: StartOutcome | None = None
         self.slowness: dict[TaskName, float] = {}
-        self.events: list[ClusterEvent] = []
-        self.listeners: list[Callable[[ClusterEvent], None]] = []
+        #: what happened to the cluster: iterate for the past, subscribe for what comes
+        self.events: Topic[Event] = Topic(f"cluster {self.name}", keep=10_000)
 
     # -- configuration ---------------------------------------------------
     @staticmethod
@@ -164,7 +196,7 @@ class Cluster:
             return {int(k): str(v) for k, v in worker_gpus.items()}
         gpus = [str(g) for g in worker_gpus]
         if len(gpus) != workers:
-            raise ValueError(
+            raise BadClusterShape(
                 f"worker_gpus has {len(gpus)} entries for {workers} workers; give one per worker"
             )
         return dict(enumerate(gpus))
@@ -185,6 +217,10 @@ class Cluster:
         self._log_dir.mkdir(parents=True, exist_ok=True)
         return self._log_dir
 
+    def describe(self) -> str:
+        """``1 ps, 2 workers`` and where they run (``over ssh on a,b``, ``on Spark local[3]``)."""
+        return f"{self.shape.describe()}{self.launcher.describe()}"
+
     # -- lifecycle -------------------------------------------------------
     @property
     def running(self) -> bool:
@@ -195,26 +231,27 @@ class Cluster:
 
         On failure or timeout the tasks started so far are stopped and a
         :class:`ClusterStartError` names the task and shows its log's tail.
-        A cluster that already runs is left alone (``kind="reused"``).
+        A cluster that already runs is left alone (:class:`Reused`).
         """
         with self._lock:
             if self.running:
-                return StartOutcome("reused")
+                return Reused(age_s=time.time() - (self.started_at or time.time()))
             say = progress or (lambda task, stage, detail: None)
             timeout = self.start_timeout if timeout is None else timeout
             deadline = time.monotonic() + timeout
             t0 = time.monotonic()
+            self._check_memory()
             for attempt in range(1, 4):
                 try:
                     warm, cold = self._start_once(say, deadline)
                 except _PortTaken as exc:
                     say(str(exc), "retry", "a port was taken while starting; trying fresh ports")
                     continue
-                outcome = StartOutcome(
-                    "launched", seconds=time.monotonic() - t0, warm=warm, cold=cold, attempts=attempt
-                )
+                outcome = Launched(seconds=time.monotonic() - t0, warm=warm, cold=cold, attempts=attempt)
                 self.started_at = time.time()
+                self.stopped_at = None
                 self.last_outcome = outcome
+                self.emit("start", None, self.describe())
                 if self.use_spares:
                     self.pool.fill_later(self.launcher, self.shape.size)
                 return outcome
@@ -223,24 +260,31 @@ class Cluster:
                 "bind it; something on this machine is grabbing ports fast; try again"
             )
 
+    def _check_memory(self) -> None:
+        """Say before starting anything when the tasks will not fit (local tasks only)."""
+        if not isinstance(self.launcher, LocalLauncher):
+            return
+        from .memory import check_fits
+
+        warm = self.pool.count(self.launcher) if self.use_spares else 0
+        cold = max(0, self.shape.size - warm)
+        if cold:
+            check_fits(cold, self.pool.spare_cost() if self.use_spares else TASK_BYTES)
+
     def _start_once(self, say: Progress, deadline: float) -> tuple[int, int]:
         tasks = self.shape.tasks()
         hosts = self.launcher.hosts_for(len(tasks))
         taken = self.pool.take(self.launcher, len(tasks)) if self.use_spares else []
         warm = sum(1 for p in taken if p.warm_at is not None)
-        procs: dict[TaskName, TaskProcess] = {}
+        procs: dict[TaskName, TaskHandle] = {}
         wake = threading.Event()
-
-        def listener(proc: TaskProcess, msg: dict) -> None:
-            wake.set()
-
+        subscriptions = []
         try:
             fresh = []
             for task in tasks:
                 if taken:
                     proc = taken.pop(0)
-                    say(str(task), "spare", f"warm process {proc.pid}")
-                    proc.listeners.append(listener)
+                    say(task, "spare", f"warm process {proc.pid}")
                     procs[task] = proc
                 else:
                     fresh.append(task)
@@ -249,33 +293,12 @@ class Cluster:
                     [str(self.log_dir / f"{t.slug}.log") for t in fresh],
                     [hosts[tasks.index(t)] for t in fresh],
                 )
-                for task, proc in zip(fresh, spawned):
-                    where = f" on {proc.host}" if self.launcher.remote else ""
-                    say(str(task), "spawned", f"new process {proc.pid}{where}, importing TensorFlow")
-                    proc.listeners.append(listener)
+                for task, proc in zip(fresh, spawned, strict=True):
+                    where = f" on {proc.destination}" if proc.destination else ""
+                    say(task, "spawned", f"new process {proc.pid}{where}, importing TensorFlow")
                     procs[task] = proc
-            ports: dict[str, set[int]] = {}
-            jobs: dict[str, list[str]] = {}
-            for task in tasks:
-                proc = procs[task]
-                used = ports.setdefault(proc.host, set())
-                port = None
-                while port is None or port in used:
-                    try:
-                        port = self.launcher.pick_port(proc)
-                    except (ProcessLookupError, TimeoutError) as exc:
-                        if not proc.join(5):  # its exit code, for the message
-                            raise self._failure(
-                                task, proc, f"did not answer when asked for a free port ({exc})"
-                            )
-                        raise self._failure(
-                            task,
-                            proc,
-                            f"its process ended before it could start (exit code {proc.exit_code})",
-                        )
-                used.add(port)
-                jobs.setdefault(task.job, []).append(f"{proc.host}:{port}")
-            defn = ClusterDef.from_mapping(jobs)
+            subscriptions = [p.messages.subscribe(lambda msg: wake.set()) for p in procs.values()]
+            defn = self._choose_addresses(tasks, procs)
             cluster = defn.as_dict()
             self.launcher.prepare(cluster, procs)
             assigned: set[TaskName] = set()
@@ -290,11 +313,11 @@ class Cluster:
                             env=self.task_env(task),
                             log=self.launcher.task_log(str(self.log_dir / f"{task.slug}.log")),
                             cpu_only=task.job == "ps",
-                            threads=_threads_for(task.job, len(tasks)),
+                            threads=_threads_for(len(tasks)),
                             collective=self.collective,
                         )
                         assigned.add(task)
-                        say(str(task), "starting", f"server on {defn.address(task)}")
+                        say(task, "starting", f"server on {defn.address(task)}")
                     elif proc.state is TaskState.FAILED:
                         if "Could not start gRPC server" in (proc.failure or ""):
                             raise _PortTaken(f"{task}: port {proc.port} was taken")
@@ -305,9 +328,9 @@ class Cluster:
                             task, proc, f"its process ended (exit code {proc.exit_code}){why}"
                         )
                     elif proc.state is TaskState.RUNNING and task not in up:
-                        self._check_accepts(task, proc, defn.address(task))
+                        self._check_serving(task, proc, defn.address(task))
                         up.add(task)
-                        say(str(task), "up", f"{defn.address(task)} (pid {proc.pid})")
+                        say(task, "up", f"{defn.address(task)} (pid {proc.pid})")
                 if len(up) == len(tasks):
                     break
                 if time.monotonic() > deadline:
@@ -316,8 +339,7 @@ class Cluster:
                     raise self._failure(
                         first,
                         procs[first],
-                        f"was not up in time (still {procs[first].state}); "
-                        f"waiting for {', '.join(map(str, waiting))}",
+                        f"was not up in time (still {procs[first].state}); waiting for {', '.join(waiting)}",
                         timed_out=True,
                     )
                 wake.wait(0.1)
@@ -327,9 +349,8 @@ class Cluster:
             self.launcher.close()
             raise
         finally:
-            for proc in procs.values():
-                if listener in proc.listeners:
-                    proc.listeners.remove(listener)
+            for sub in subscriptions:
+                sub.close()
         self.procs = procs
         self.cluster_def = defn
         self.slowness = {}
@@ -337,37 +358,74 @@ class Cluster:
             self._watch(task, proc)
         return warm, len(tasks) - warm
 
-    def _watch(self, task: TaskName, proc: TaskProcess) -> None:
-        def on_event(p: TaskProcess, msg: dict) -> None:
+    def _choose_addresses(self, tasks: list[TaskName], procs: dict[TaskName, TaskHandle]) -> ClusterDef:
+        ports: dict[str, set[int]] = {}
+        jobs: dict[str, list[str]] = {}
+        for task in tasks:
+            proc = procs[task]
+            used = ports.setdefault(proc.host, set())
+            port = None
+            while port is None or port in used:
+                try:
+                    port = self.launcher.pick_port(proc)
+                except (ProcessLookupError, TimeoutError) as exc:
+                    if not getattr(proc, "join", lambda t: True)(5):  # its exit code, for the message
+                        raise self._failure(task, proc, f"did not answer when asked for a free port ({exc})")
+                    raise self._failure(
+                        task, proc, f"its process ended before it could start (exit code {proc.exit_code})"
+                    )
+            used.add(port)
+            jobs.setdefault(task.job, []).append(f"{proc.host}:{port}")
+        return ClusterDef.from_mapping(jobs)
+
+    def _watch(self, task: TaskName, proc: TaskHandle) -> None:
+        def on_message(msg: dict) -> None:
             if (
                 msg.get("event") == "exit"
-                and p.pid not in self._killed_on_purpose
-                and self.procs.get(task) is p
+                and proc.pid not in self._killed_on_purpose
+                and self.procs.get(task) is proc
             ):
-                self.emit("lost", task, f"process {p.pid} ended (exit code {msg.get('code')})")
+                self.emit("lost", task, f"process {proc.pid} ended (exit code {msg.get('code')})")
 
-        proc.listeners.append(on_event)
+        proc.messages.subscribe(on_message)
 
-    def emit(self, kind: str, task: TaskName | str, detail: str = "") -> ClusterEvent:
-        """Record an event and tell every listener (dashboards, training runs)."""
-        event = ClusterEvent(time.time(), kind, str(task), detail)
-        self.events.append(event)
-        for listener in list(self.listeners):
-            try:
-                listener(event)
-            except Exception:  # noqa: BLE001 - a broken listener must not break the cluster
-                pass
+    def emit(self, kind: str, task: TaskName | str | None, detail: str = "", **more) -> Event:
+        """Record an event and tell every follower (dashboards, training runs, cells)."""
+        event = Event.now(kind, task, detail, **more)
+        self.events.publish(event)
         return event
 
-    def _check_accepts(self, task: TaskName, proc: TaskProcess, address: str) -> None:
-        host, port = address.rsplit(":", 1)
+    def _check_serving(self, task: TaskName, proc: TaskHandle, address: str) -> None:
+        """The task accepts connections at its address, and listens nowhere it should not.
+
+        A task given a bind guard (loopback, or its spec address) reports
+        where it must listen (``bind_host``); every socket it listens on must
+        be there.  A planted or broken preload library would otherwise leave a
+        server on every interface while ``start`` said otherwise.
+        """
+        from .net import port_answers
+
+        if not port_answers(address, timeout=5):
+            raise self._failure(task, proc, f"said it was up but {address} refused a connection")
+        bind_host = getattr(proc, "bind_host", None)
+        if not bind_host:
+            return
         try:
-            socket.create_connection((host, int(port)), timeout=5).close()
-        except OSError as exc:
-            raise self._failure(task, proc, f"said it was up but {address} refused a connection ({exc})")
+            listening = self.launcher.listening(proc)
+        except (TimeoutError, ProcessLookupError) as exc:
+            raise self._failure(task, proc, f"did not say where it listens ({exc})")
+        wrong = [f"{h}:{p}" for h, p in listening if not _same_host(h, bind_host)]
+        if wrong:
+            raise self._failure(
+                task,
+                proc,
+                f"listens on {', '.join(wrong)}, though its servers were to listen on {bind_host} only "
+                "(the bind library did not take effect: a stale or planted library in the cache? see "
+                "tfmagic.loopback.cache_dir()); start again, or pass --all-interfaces to accept every interface",
+            )
 
     def _failure(
-        self, task: TaskName, proc: TaskProcess, what: str, timed_out: bool = False
+        self, task: TaskName, proc: TaskHandle, what: str, timed_out: bool = False
     ) -> ClusterStartError:
         tail = proc.log_tail(15)
         msg = f"{task} (pid {proc.task_pid}) {what}. The tasks started so far were stopped."
@@ -377,21 +435,28 @@ class Cluster:
         if timed_out:
             msg += f" Allow more time with start_timeout= (now {self.start_timeout:g} s)."
         msg += f" Its log: {proc.log_path}"
-        return ClusterStartError(msg, task=str(task), log_tail=tail)
+        return ClusterStartError(msg, task=task, log_tail=tail)
 
-    def stop(self) -> None:
-        """Stop every task of this cluster (spares stay warm for the next start)."""
+    def stop(self, reason: str = "the cluster was stopped") -> None:
+        """Stop every task of this cluster (spares stay warm for the next start).
+
+        Everything that runs on it (training runs, ``%%tf_px`` cells,
+        dashboards) is told first (a ``stopping`` event) and ends with
+        ``reason`` as its final state.
+        """
         with self._lock:
             if not self.procs:
                 raise NoCluster(f"cluster {self.name} is not running; nothing to stop")
+            self.emit("stopping", None, reason)
             procs, self.procs = self.procs, {}
             self.cluster_def = None
+            self.stopped_at = time.time()
             client.forget(self.id)
-            self._killed_on_purpose.update(p.pid for p in procs.values())
+            self._killed_on_purpose.update(p.pid for p in procs.values() if p.pid is not None)
         for proc in procs.values():
             proc.kill()
         self.launcher.close()
-        self.emit("stop", "cluster", f"{len(procs)} tasks stopped")
+        self.emit("stop", None, f"{len(procs)} tasks stopped ({reason})")
 
     def close(self) -> None:
         """Stop if running; never raises for a cluster that is already stopped."""
@@ -436,17 +501,15 @@ class Cluster:
     def connect(self, force: bool = False) -> Cluster:
         """Make this process a client of the cluster (remote devices usable)."""
         defn = self._need_running()
-        client.connect(
-            self.id,
-            defn,
-            force=force,
-            client_address=self.launcher.client_address(defn),
-            fixed_port=self.launcher.client_port_fixed,
-        )
+        client.connect(self.id, defn, force=force, client_address=self.launcher.client_address(defn))
         return self
 
     def check_task(self, task: str | TaskName) -> TaskName:
         return self._need_running().check(task)
+
+    def tasks(self, job: str | None = None) -> list[TaskName]:
+        """The running cluster's tasks (of ``job``), in order."""
+        return [t for t in self._need_running().tasks() if job is None or t.job == job]
 
     @contextlib.contextmanager
     def device(self, task: str | TaskName) -> Iterator[str]:
@@ -456,14 +519,14 @@ class Cluster:
         if proc is not None and not proc.alive:
             raise TaskLost(
                 f"{t} (pid {proc.pid}) is not running (exit code {proc.exit_code}); "
-                f"see cluster.logs('{t}') and restart the cluster"
+                f"restart it: cluster.restart('{t}')"
             )
         self.connect()
         with client.on_task(t) as name:
             yield name
 
     # -- stragglers and failures, on purpose --------------------------------
-    def _live(self, task: str | TaskName) -> tuple[TaskName, TaskProcess]:
+    def _live(self, task: str | TaskName) -> tuple[TaskName, TaskHandle]:
         t = self.check_task(task)
         proc = self.procs[t]
         if not proc.alive:
@@ -484,7 +547,13 @@ class Cluster:
         if not factor >= 1.0 or factor == float("inf"):
             raise ValueError(f"factor must be a number >= 1 (1 restores full speed), not {factor:g}")
         t, proc = self._live(task)
-        proc.request("slow", factor=factor, timeout=15)
+        try:
+            proc.request("slow", factor=factor, timeout=5)
+        except TimeoutError:
+            raise TaskLost(
+                f"{t} (pid {proc.task_pid}) did not answer within 5 s (stopped, or hung): it cannot be slowed now; "
+                f"cluster.why() says what it waits on, cluster.restart('{t}', force=True) replaces it"
+            ) from None
         if factor > 1:
             self.slowness[t] = factor
         else:
@@ -494,14 +563,19 @@ class Cluster:
     def kill(self, task: str | TaskName) -> None:
         """End ``task``'s process now (SIGKILL), as a crash would."""
         t, proc = self._live(task)
-        self._killed_on_purpose.add(proc.pid)
+        if proc.pid is not None:
+            self._killed_on_purpose.add(proc.pid)
         proc.kill()
         self.slowness.pop(t, None)
         self.emit("kill", t, f"process {proc.pid} killed")
 
-    def restart(self, task: str | TaskName, timeout: float | None = None) -> StartOutcome:
+    def restart(
+        self, task: str | TaskName, timeout: float | None = None, force: bool = False
+    ) -> StartOutcome:
         """Start ``task`` again on its old address (a warm spare when there is one).
 
+        A task that is still running is only replaced with ``force=True``:
+        what it holds (a ps's variables, a worker's cell namespace) is lost.
         If this process is connected to the cluster the connection is renewed
         (a restarted task would otherwise answer ``Unable to find a
         context_id``); ps variables on other tasks keep their values.
@@ -509,8 +583,19 @@ class Cluster:
         t = self.check_task(task)
         defn = self._need_running()
         old = self.procs[t]
+        if old.alive and not force:
+            held = (
+                "its variables (every value stored on it)"
+                if t.job == "ps"
+                else "its state (variables, cell namespace)"
+            )
+            raise NeedsForce(
+                f"{t} is running: restarting it would lose {held}. "
+                f"Pass force=True (cluster.restart('{t}', force=True)) if that is what you want"
+            )
         if old.alive:
-            self._killed_on_purpose.add(old.pid)
+            if old.pid is not None:
+                self._killed_on_purpose.add(old.pid)
             old.kill()
         t0 = time.monotonic()
         deadline = t0 + (timeout or self.start_timeout)
@@ -531,7 +616,7 @@ class Cluster:
                     env=self.task_env(t),
                     log=self.launcher.task_log(log),
                     cpu_only=t.job == "ps",
-                    threads=_threads_for(t.job, len(self.procs)),
+                    threads=_threads_for(len(self.procs)),
                     collective=self.collective,
                 )
                 proc.wait_for(lambda p=proc: p.state is not TaskState.ASSIGNING, deadline - time.monotonic())
@@ -545,7 +630,7 @@ class Cluster:
             raise self._failure(t, proc, f"could not restart: {failure}")
         else:  # pragma: no cover - 30 port clashes in a row
             raise ClusterStartError(f"{t} could not get its port {defn.address(t)} back")
-        self._check_accepts(t, proc, defn.address(t))
+        self._check_serving(t, proc, defn.address(t))
         self.procs[t] = proc
         self._watch(t, proc)
         self.slowness.pop(t, None)
@@ -554,9 +639,7 @@ class Cluster:
         self.emit("restart", t, f"process {proc.pid}" + (" (warm spare)" if warm else ""))
         if self.use_spares:
             self.pool.fill_later(self.launcher, self.shape.size)
-        return StartOutcome(
-            "restarted", seconds=time.monotonic() - t0, warm=int(warm), cold=int(not warm), attempts=attempt
-        )
+        return Restarted(seconds=time.monotonic() - t0, warm=int(warm), cold=int(not warm), attempts=attempt)
 
     # -- inspection ------------------------------------------------------
     def logs(self, task: str | TaskName, tail: int | None = 50) -> str:
@@ -564,13 +647,16 @@ class Cluster:
         t = self.check_task(task)
         return self.launcher.read_log(self.procs[t], tail=tail)
 
-    def _row(self, label: str, address: str, proc: TaskProcess) -> TaskStatus:
+    def _row(self, label: str, address: str, proc: TaskHandle, slowness: float | None = None) -> TaskStatus:
         alive = proc.alive
-        stats = self.launcher.stats(proc) if alive else None
-        stats = stats or {}
+        stats = (self.launcher.stats(proc) if alive else None) or {}
         state = str(proc.state)
         if not alive:
             state = f"exited ({proc.exit_code})"
+        elif stats.get("run_state") == "stopped" and not slowness:
+            state = "stopped (SIGSTOP)"
+        elif not stats and proc.pid is not None:
+            state = "not answering"
         return TaskStatus(
             task=label,
             address=address,
@@ -580,35 +666,28 @@ class Cluster:
             pss=stats.get("pss"),
             rss=stats.get("rss"),
             uptime_s=stats.get("uptime_s"),
-            host=f"{self.launcher.name}:{proc.destination or proc.task_hostname or proc.host}",
+            host=f"{self.launcher.name}:{proc.destination or getattr(proc, 'task_hostname', None) or proc.host}",
+            note=f"slowed x{slowness:g}" if slowness else "",
+            slowness=slowness or 1.0,
         )
 
     def status(self) -> ClusterStatus:
         """Each task's address, pid, state, CPU %, memory (PSS and RSS) and uptime."""
-        rows = []
         defn = self.cluster_def
-        for task, proc in self.procs.items():
-            row = self._row(str(task), defn.address(task) if defn else "-", proc)
-            if task in self.slowness:
-                row.note = f"slowed x{self.slowness[task]:g}"
-                row.slowness = self.slowness[task]
-            rows.append(row)
+        rows = [
+            self._row(task, defn.address(task) if defn else "-", proc, self.slowness.get(task))
+            for task, proc in self.procs.items()
+        ]
         spares = [self._row("spare", "-", p) for p in self.pool.processes()]
-        notes = []
-        if not rows:
-            notes.append("not running")
+        notes = [] if rows else ["not running"]
         notes.append("security: " + self.launcher.security_note())
         return ClusterStatus(
-            name=self.name,
-            shape=self.shape.describe(),
-            tasks=rows,
-            spares=spares,
-            notes=notes,
+            name=self.name, shape=self.shape.describe(), tasks=rows, spares=spares, notes=notes
         )
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
-        return f"<{type(self).__name__} {self.name}: {self.shape.describe()}, {state}>"
+        return f"<{type(self).__name__} {self.name}: {self.describe()}, {state}>"
 
 
 class LocalCluster(Cluster):
@@ -620,7 +699,7 @@ class LocalCluster(Cluster):
     """
 
     def __init__(self, ps: int = 1, workers: int = 2, *, loopback_only: bool = True, **kwargs) -> None:
-        if "launcher" not in kwargs or kwargs["launcher"] is None:
+        if kwargs.get("launcher") is None:
             kwargs["launcher"] = LocalLauncher(loopback_only=loopback_only)
         super().__init__(ps, workers, **kwargs)
 
@@ -648,3 +727,23 @@ def SSHCluster(  # noqa: N802 - reads as a class, like dask's SSHCluster
         hosts, python=python, ssh_config=ssh_config, ssh_options=ssh_options, tunnel=tunnel, guard=guard
     )
     return Cluster(ps, workers, launcher=launcher, **kwargs)
+
+
+def SparkCluster(master: str = "local[3]", ps: int = 1, workers: int = 2, **kwargs) -> Cluster:  # noqa: N802
+    """A cluster whose tasks run as one Spark barrier job on ``master`` (see :mod:`tfmagic.launchers.spark`).
+
+    Keyword arguments of :class:`~tfmagic.launchers.spark.SparkLauncher`
+    (``app_name``, ``conf``, ``python``, ``spark``, ``guard``,
+    ``connect_timeout``) go to the launcher; the rest (``env``,
+    ``start_timeout``, ``name``, ...) to :class:`Cluster`.  Stopping the
+    cluster ends the Spark job and the Spark application the launcher created.
+
+    >>> with SparkCluster("local[3]", ps=1, workers=2) as cluster:  # doctest: +SKIP
+    ...     cluster.connect()
+    """
+    from .launchers.spark import SparkLauncher
+
+    names = ("app_name", "conf", "python", "spark", "guard", "connect_timeout")
+    launcher_kwargs = {k: kwargs.pop(k) for k in names if k in kwargs}
+    launcher = SparkLauncher(master, **launcher_kwargs)
+    return Cluster(ps, workers, launcher=launcher, spares=False, **kwargs)

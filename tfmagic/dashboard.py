@@ -23,6 +23,8 @@ from collections import deque
 from pathlib import Path
 
 from .dashdata import MAJOR, Mark, RollingRate, RunTrace, place_event
+from .events import Event
+from .metrics import GlobalStep, StepRecord
 from .procstats import human_bytes
 
 MODE_COLORS = {"sync": "#1f77b4", "async": "#d62728"}
@@ -91,14 +93,18 @@ class Dashboard:
         self.marks: deque[Mark] = deque(maxlen=100)  # cluster events: slow, kill, restart, lost
         self.memory_every = 5.0  # seconds between memory (PSS) reads of each task
         self._memory: dict = {}  # task -> (when, pid, {"rss", "pss"})
+        #: what this dashboard follows; closed when it stops (a finished dashboard costs nothing)
+        self._subscriptions: list = []
         if cluster is not None:
-            cluster.listeners.append(self._on_cluster_event)
+            self._subscriptions.append(cluster.events.subscribe(self._on_cluster_event))
         for run in runs:
             self.watch(run)
 
     def _on_cluster_event(self, event) -> None:
         if event.kind in MAJOR:
             self.marks.append(place_event(event, self.origin, None))
+        elif event.kind == "stopping":
+            self._stop.set()  # the refresh draws no more frames; the last one stays
 
     # -- what is watched -----------------------------------------------------
     def watch(self, run) -> None:
@@ -114,15 +120,15 @@ class Dashboard:
             for e in list(history.events):
                 trace.on_event(e)
 
-            def listener(kind, item, trace=trace):
-                if kind == "step":
+            def follow(item, trace=trace):
+                if isinstance(item, StepRecord):
                     self.rates.add(item.task, item.end)
-                elif kind == "global":
+                elif isinstance(item, GlobalStep):
                     trace.on_global(item)
-                elif kind == "event":
+                elif isinstance(item, Event):
                     trace.on_event(item)
 
-            history.listeners.append(listener)
+            self._subscriptions.append(history.feed.subscribe(follow))
             with self._lock:
                 self.traces.append(trace)
         with self._lock:
@@ -478,14 +484,25 @@ class Dashboard:
                 if grace <= 0:
                     break
             self._stop.wait(max(0.0, self.refresh - (time.monotonic() - t0)))
+        if self._stop.is_set():  # stopped from outside (the cluster stopped): one last frame
+            try:
+                self.update()
+            except Exception:  # noqa: BLE001 - the last frame is a courtesy
+                pass
+        self._unsubscribe()
         self._publish_final()
 
+    def _unsubscribe(self) -> None:
+        subs, self._subscriptions = self._subscriptions, []
+        for sub in subs:
+            sub.close()
+
     def stop(self) -> None:
+        """Stop refreshing (the last frame stays) and stop following the cluster and the runs."""
         self._stop.set()
-        if self.cluster is not None and self._on_cluster_event in self.cluster.listeners:
-            self.cluster.listeners.remove(self._on_cluster_event)
-        if self._thread is not None:
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(10)
+        self._unsubscribe()
 
     @property
     def refreshing(self) -> bool:

@@ -33,7 +33,12 @@ class NoCluster(TfmagicError):
 
 
 class ClusterRunning(TfmagicError):
-    """A start was asked for while a cluster of another shape runs."""
+    """A start was asked for while a cluster of another shape or placement runs."""
+
+    def __init__(self, message: str, running=None, what: str = "shape"):
+        super().__init__(message)
+        self.running = running
+        self.what = what
 
 
 class ClusterStartError(TfmagicError):
@@ -59,3 +64,23 @@ class ExportError(TfmagicError, ValueError):
 
 class NotOwned(TfmagicError):
     """An action on a task that tfmagic did not start (an attached cluster)."""
+
+
+class NeedsForce(TfmagicError):
+    """An action that would lose work (a running task's state, an existing file) was asked without force."""
+
+
+class ClusterChanged(TfmagicError):
+    """A handle (a Cluster object, a run) used after its cluster was stopped or replaced."""
+
+
+class PxError(TfmagicError):
+    """A ``%%tf_px`` request that cannot be sent (bad targets, no cluster...)."""
+
+
+class TrainingError(TfmagicError):
+    """Training could not go on; the message says why and what to do."""
+
+
+class ClientBusy(TfmagicError):
+    """The connection cannot change now: remote calls (or an earlier change) still wait on a task."""

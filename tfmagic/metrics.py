@@ -1,9 +1,10 @@
 """What training did, step by step: thread-safe records, no UI.
 
 The training engine (and ``%%tf_px`` cells that report steps) append
-:class:`StepRecord` s and :class:`Event` s to a :class:`History`; the
-dashboard, TensorBoard writers and notebooks read it.  Everything here is
-plain Python so it can be tested and used without TensorFlow or widgets.
+:class:`StepRecord` s, :class:`GlobalStep` s and :class:`~tfmagic.events.Event` s
+to a :class:`History`; the dashboard, TensorBoard writers and notebooks read
+it, or follow ``history.feed`` (every item as it is added).  Everything here
+is plain Python so it can be tested and used without TensorFlow or widgets.
 """
 
 from __future__ import annotations
@@ -12,8 +13,13 @@ import bisect
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+
+from .events import Event, Topic
+from .spec import TaskName
+
+__all__ = ["Event", "GlobalStep", "History", "StepRecord"]
 
 
 @dataclass
@@ -26,7 +32,7 @@ class StepRecord:
     how many other updates landed between reading and applying.
     """
 
-    task: str
+    task: TaskName
     step: int
     start: float
     end: float
@@ -39,22 +45,14 @@ class StepRecord:
     examples: int = 0
     run: str = ""
     update: int | None = None  # the global step this gradient's update became
+    rolled_back: bool = False  # its update was lost with a ps and made again after a resume
+
+    def __post_init__(self) -> None:
+        self.task = TaskName.parse(self.task)
 
     @property
     def duration(self) -> float:
         return self.end - self.start
-
-
-@dataclass
-class Event:
-    """Something worth marking on a plot: a worker slowed, killed, restarted, lost..."""
-
-    time: float
-    kind: str
-    task: str = ""
-    detail: str = ""
-    step: int | None = None
-    run: str = ""
 
 
 @dataclass
@@ -84,6 +82,8 @@ class History:
         self.workers = list(workers)
         self.records: list[StepRecord] = []
         self.global_steps: list[GlobalStep] = []
+        #: updates lost with a ps after its last checkpoint, and made again after resume()
+        self.rolled_back: list[GlobalStep] = []
         self.events: list[Event] = []
         self.started_at = time.time()
         self.ended_at: float | None = None
@@ -94,21 +94,15 @@ class History:
         self.checkpoint: str | None = None
         self.config: dict = {}
         self._lock = threading.Lock()
-        self.listeners: list[Callable[[str, object], None]] = []
+        #: every StepRecord, GlobalStep and Event as it is added
+        self.feed: Topic[StepRecord | GlobalStep | Event] = Topic(f"history {self.run}")
 
     # -- writing (engine threads) -------------------------------------------
-    def _notify(self, kind: str, item: object) -> None:
-        for listener in list(self.listeners):
-            try:
-                listener(kind, item)
-            except Exception:  # noqa: BLE001 - a broken listener must not stop training
-                pass
-
     def add_step(self, record: StepRecord) -> None:
         record.run = record.run or self.run
         with self._lock:
             self.records.append(record)
-        self._notify("step", record)
+        self.feed.publish(record)
 
     def add_global(self, gstep: GlobalStep) -> None:
         """Record an update; ``global_steps`` stays in step order.
@@ -123,16 +117,44 @@ class History:
                 gs.append(gstep)
             else:
                 bisect.insort(gs, gstep, key=lambda g: g.step)
-        self._notify("global", gstep)
+        self.feed.publish(gstep)
 
     def add_event(
-        self, kind: str, task: str = "", detail: str = "", step: int | None = None, when: float | None = None
+        self,
+        kind: str | Event,
+        task: TaskName | str | None = None,
+        detail: str = "",
+        step: int | None = None,
+        when: float | None = None,
     ) -> Event:
-        event = Event(when or time.time(), kind, task, detail, step, self.run)
+        """Record an event (or an :class:`Event` made elsewhere, e.g. by the cluster) for this run."""
+        if isinstance(kind, Event):
+            e = kind
+            event = Event(e.time, e.kind, e.task, e.detail, e.step if step is None else step, self.run)
+        else:
+            event = Event(when or time.time(), kind, task or None, detail, step, self.run)
         with self._lock:
             self.events.append(event)
-        self._notify("event", event)
+        self.feed.publish(event)
         return event
+
+    def rollback(self, step: int) -> int:
+        """Updates after ``step`` were lost (a ps died after its last checkpoint): mark them.
+
+        Their worker steps stay in ``records`` with ``rolled_back=True`` (they
+        happened, and took time); their updates move from ``global_steps`` to
+        ``rolled_back``, so each step number counts once when it is made
+        again.  Returns how many updates were rolled back.
+        """
+        with self._lock:
+            undone = [g for g in self.global_steps if g.step > step]
+            self.global_steps = [g for g in self.global_steps if g.step <= step]
+            self.rolled_back.extend(undone)
+            for r in self.records:
+                made = r.update if r.update is not None else (r.step + 1 if r.applied else None)
+                if made is not None and made > step and not r.rolled_back:
+                    r.rolled_back = True
+        return len(undone)
 
     # -- reading -------------------------------------------------------------
     def snapshot(self) -> tuple[list[StepRecord], list[GlobalStep], list[Event]]:

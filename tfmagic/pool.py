@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING
 from . import owner
 
 if TYPE_CHECKING:
-    from .launchers.base import Launcher, TaskProcess
+    from .launchers.base import Launcher
+    from .launchers.channel import TaskProcess
 
 #: Memory one spare costs before we have measured one (PSS measured here:
 #: 0.18 GB beside other TensorFlow processes, 0.37 GB alone; the safe side).
@@ -115,6 +116,15 @@ class SparePool:
         with self._lock:
             self._spares = [p for p in self._spares if p.alive and p.task is None]
             return list(self._spares)
+
+    def count(self, launcher: Launcher) -> int:
+        """How many live spares ``launcher`` could take now."""
+        with self._lock:
+            return sum(
+                1
+                for p in self._spares
+                if p.alive and p.task is None and p.launcher.signature == launcher.signature
+            )
 
     def take(self, launcher: Launcher, n: int) -> list[TaskProcess]:
         """Up to ``n`` spares that ``launcher`` could have made, warm ones first."""

@@ -78,6 +78,24 @@ def listening_addresses(pid: int) -> list[tuple[str, int]]:
     return sorted({(c.laddr.ip, c.laddr.port) for c in found if c.status == psutil.CONN_LISTEN})
 
 
+def run_state(pid: int) -> str | None:
+    """``running``, ``stopped`` (SIGSTOP, or a debugger), ``zombie`` ... of a process; None if it is gone.
+
+    A task stopped from outside cannot answer its channel or its gRPC
+    peers, and TensorFlow's client then waits for it for ever: the status
+    table and the hang doctor say so instead of showing it as running.
+    """
+    try:
+        status = psutil.Process(pid).status()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return None
+    if status in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
+        return "stopped"
+    if status == psutil.STATUS_ZOMBIE:
+        return "zombie"
+    return "running"
+
+
 def human_bytes(n: int | None) -> str:
     if n is None:
         return "-"

@@ -22,15 +22,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .errors import TfmagicError
+from . import events
+from .errors import PxError
 from .metrics import GlobalStep, History, StepRecord
 from .spec import TaskName
 
+__all__ = ["PxError", "PxRun", "TaskOutcome", "parse_targets", "run_px"]
+
 _ids = itertools.count(1)
-
-
-class PxError(TfmagicError):
-    """A %%tf_px request that cannot be sent (bad targets, no cluster...)."""
 
 
 @dataclass
@@ -38,7 +37,7 @@ class TaskOutcome:
     """What one task did with the cell."""
 
     task: str
-    status: str = "running"  # running | ok | error | died | interrupted
+    status: str = "running"  # running | ok | error | died | interrupted | stopped
     stdout: str = ""
     stderr: str = ""
     result: object = None
@@ -98,7 +97,9 @@ class PxRun:
         self.history = History("px", run=self.name, workers=[str(t) for t in targets if t.job == "worker"])
         self._cond = threading.Condition()
         self._procs = {}
-        self._listeners = {}
+        self._subscriptions = {}
+        #: {task: value of the cell's last expression}, filled in as each task finishes
+        self.live_results: dict[str, object] = {}
         self._last_report: dict[str, float] = {}
         self._seen_steps: set[int] = set()
         #: tasks whose first cell this is: they complete TensorFlow's Python API first (seconds)
@@ -106,6 +107,7 @@ class PxRun:
 
     # -- sending ---------------------------------------------------------------
     def start(self) -> PxRun:
+        self._cluster_sub = self.cluster.events.subscribe(self._on_cluster_event)
         for task in self.targets:
             proc = self.cluster.procs.get(task)
             outcome = self.outcomes[str(task)]
@@ -115,20 +117,25 @@ class PxRun:
                 self.events.put((str(task), "died", outcome.evalue))
                 continue
             self._procs[str(task)] = proc
-            self._listeners[str(task)] = self._listener(str(task))
-            proc.listeners.append(self._listeners[str(task)])
+            self._subscriptions[str(task)] = proc.messages.subscribe(self._listener(str(task), proc))
             if not proc.api_complete:
                 self.importing.append(str(task))
                 proc.api_complete = True  # the task completes it before it runs this cell
             proc.send("exec", id=self.id, code=self.code, filename=f"<tf_px {task}>")
             self._last_report[str(task)] = time.time()
-        from .training import set_last_run
-
-        set_last_run(self)
+        events.started.publish(self)
+        if self.done:
+            self._cluster_sub.close()
         return self
 
-    def _listener(self, task: str):
-        def on_event(proc, msg: dict) -> None:
+    def _on_cluster_event(self, event) -> None:
+        if event.kind == "stopping":
+            for task, outcome in self.outcomes.items():
+                if not outcome.done:
+                    self._finish(task, "stopped", evalue=f"{event.detail} while the cell ran")
+
+    def _listener(self, task: str, proc):
+        def on_event(msg: dict) -> None:
             kind = msg.get("event")
             if kind == "exit":
                 self._finish(
@@ -149,7 +156,7 @@ class PxRun:
             elif kind == "report":
                 self._on_report(task, msg)
             elif kind == "exec_done":
-                proc._replies.pop(self.id, None)
+                proc.forget_reply(self.id)
                 if msg.get("status") == "ok":
                     if msg.get("pickle"):
                         try:
@@ -197,13 +204,17 @@ class PxRun:
                 return
             outcome.status, outcome.ended = status, time.time()
             outcome.ename, outcome.evalue, outcome.traceback = ename, evalue, tb or []
-            proc, listener = self._procs.get(task), self._listeners.get(task)
-            if proc is not None and listener in proc.listeners:
-                proc.listeners.remove(listener)
+            self.live_results[task] = outcome.result
+            sub = self._subscriptions.pop(task, None)
+            if sub is not None:
+                sub.close()
             self._cond.notify_all()
         self.events.put((task, status, outcome))
         if all(o.done for o in self.outcomes.values()):
             self.history.ended_at = time.time()
+            cluster_sub = getattr(self, "_cluster_sub", None)
+            if cluster_sub is not None:
+                cluster_sub.close()
 
     # -- waiting ---------------------------------------------------------------
     @property

@@ -19,20 +19,46 @@ from dataclasses import dataclass, field
 
 from .errors import BadClusterShape, BadTaskName, UnknownTask
 
-_SHORT = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*:\s*(\d+)\s*$")
-_LONG = re.compile(r"^\s*/job:([A-Za-z_][A-Za-z0-9_]*)(?:/replica:\d+)?/task:(\d+)(?:/device:.*)?\s*$")
+_SHORT = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*:\s*([0-9]+)\s*$", re.ASCII)
+_LONG = re.compile(
+    r"^\s*/job:([A-Za-z_][A-Za-z0-9_]*)(?:/replica:[0-9]+)?/task:([0-9]+)(?:/device:.*)?\s*$", re.ASCII
+)
 _JOB_ONLY = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*$")
 
 #: Jobs in the order TensorFlow users expect to read them.
 JOB_ORDER = ("chief", "ps", "worker", "evaluator")
 
 
-@dataclass(frozen=True, order=True)
-class TaskName:
-    """One task of a cluster: a job name and an index within that job."""
+class TaskName(str):
+    """One task of a cluster: a job name and an index within that job.
+
+    A task name *is* its text (``"worker:1"``), so it goes into events, logs,
+    JSON and dictionaries as it is, and a ``"worker:1"`` typed by a user finds
+    it; it also knows its parts and its TensorFlow device, so nothing has to
+    parse it back.  Sorting follows the cluster's order (``worker:2`` before
+    ``worker:10``).
+
+    >>> t = TaskName("worker", 1)
+    >>> t == "worker:1", t.job, t.index, {"worker:1": 0}[t]
+    (True, 'worker', 1, 0)
+    """
 
     job: str
     index: int
+
+    def __new__(cls, job: str, index: int) -> TaskName:
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            raise BadTaskName(f"a task index is a whole number >= 0, not {index!r}")
+        self = super().__new__(cls, f"{job}:{index}")
+        object.__setattr__(self, "job", job)
+        object.__setattr__(self, "index", index)
+        return self
+
+    def __setattr__(self, name: str, value) -> None:
+        raise AttributeError("TaskName is immutable")
+
+    def __getnewargs__(self) -> tuple[str, int]:  # pickle, copy
+        return (self.job, self.index)
 
     @classmethod
     def parse(cls, text: str | TaskName) -> TaskName:
@@ -58,8 +84,33 @@ class TaskName:
         """A file-name friendly form, e.g. ``worker-1``."""
         return f"{self.job}-{self.index}"
 
+    def _key(self) -> tuple:
+        return (_job_sort_key(self.job), self.index)
+
+    def __lt__(self, other):
+        if isinstance(other, TaskName):
+            return self._key() < other._key()
+        return str.__lt__(self, other)
+
+    def __gt__(self, other):
+        if isinstance(other, TaskName):
+            return self._key() > other._key()
+        return str.__gt__(self, other)
+
+    def __le__(self, other):
+        return self == other or self < other
+
+    def __ge__(self, other):
+        return self == other or self > other
+
+    __hash__ = str.__hash__
+    __eq__ = str.__eq__
+
     def __str__(self) -> str:
-        return f"{self.job}:{self.index}"
+        return str.__str__(self)
+
+    def __repr__(self) -> str:
+        return f"TaskName(job={self.job!r}, index={self.index})"
 
 
 def _job_sort_key(job: str) -> tuple[int, str]:

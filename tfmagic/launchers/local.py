@@ -3,67 +3,27 @@
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
 import sys
-import threading
-from pathlib import Path
 
-from .base import Launcher, TaskProcess
-
-_PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
-
-#: Environment every task process gets.  GRPC_FAIL_FAST=use_caller lets a
-#: caller (ClusterCoordinator) decide to retry on another worker instead of
-#: hanging on a dead one; TF_CONFIG from the owner would mislead the task.
-TASK_ENV = {
-    "GRPC_FAIL_FAST": "use_caller",
-    "PYTHONUNBUFFERED": "1",
-    "TF_CONFIG": None,
-}
+from .. import net
+from .base import TaskHandle
+from .channel import TaskProcess
+from .process import PACKAGE_PARENT, TASK_ENV, PopenLauncher
 
 
-def read_tail(path: str, tail: int | None) -> str:
-    """The last ``tail`` lines of a text file (all of it for ``None``)."""
-    try:
-        with open(path, "rb") as f:
-            if tail is None:
-                data = f.read()
-            else:
-                f.seek(0, os.SEEK_END)
-                size = f.tell()
-                block, data = 8192, b""
-                while size > 0 and data.count(b"\n") <= tail:
-                    step = min(block, size)
-                    size -= step
-                    f.seek(size)
-                    data = f.read(step) + data
-                    block *= 2
-                data = b"\n".join(data.splitlines()[-tail:]) if tail else b""
-    except FileNotFoundError:
-        return ""
-    return data.decode("utf-8", "replace")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nobody listens on right now (it may be taken before we bind it:
-    the cluster retries with fresh ports when that happens)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-class LocalLauncher(Launcher):
+class LocalLauncher(PopenLauncher):
     """Spawns task processes on this machine (``python -m tfmagic.task_main``).
 
     Each process gets its own session (process group), so a kill takes its
     children along; its standard input is a pipe only this owner holds, so it
-    dies with the owner.  With ``loopback=True`` (the default) the servers are
-    kept on 127.0.0.1 by :mod:`tfmagic.loopback` when that is possible here.
+    dies with the owner, and it asks the kernel to kill it if this process
+    dies while it cannot read that pipe (stopped).  With ``loopback_only=True``
+    (the default) the servers are kept on 127.0.0.1 by :mod:`tfmagic.loopback`
+    when that is possible here.
     """
 
     name = "local"
+    makes_spares = True
 
     def __init__(
         self,
@@ -72,6 +32,7 @@ class LocalLauncher(Launcher):
         env: dict[str, str | None] | None = None,
         python: str | list[str] | None = None,
     ):
+        super().__init__()
         self.host = "127.0.0.1"
         if python is None:
             python = [sys.executable]
@@ -82,8 +43,6 @@ class LocalLauncher(Launcher):
 
             self.guard = loopback.bind_guard(self.host)
         self.extra_env = dict(env or {})
-        self._procs: dict[int, subprocess.Popen] = {}
-        self._lock = threading.Lock()
 
     @property
     def signature(self) -> tuple:
@@ -108,7 +67,10 @@ class LocalLauncher(Launcher):
 
             changes.update(loopback.bind_guard(self.host, base_env=env).env)
         path = env.get("PYTHONPATH", "")
-        changes["PYTHONPATH"] = _PACKAGE_PARENT + (os.pathsep + path if path else "")
+        changes["PYTHONPATH"] = PACKAGE_PARENT + (os.pathsep + path if path else "")
+        # the task dies with this process even while it cannot read its channel (SIGSTOP)
+        changes["TFMAGIC_PDEATHSIG"] = "1"
+        changes["TFMAGIC_OWNER_PID"] = str(os.getpid())
         for key, value in changes.items():
             if value is None:
                 env.pop(key, None)
@@ -117,63 +79,36 @@ class LocalLauncher(Launcher):
         return env
 
     def spawn(self, log_path: str, host: str | None = None) -> TaskProcess:
-        log = open(log_path, "ab")  # noqa: SIM115 - handed to the child
-        try:
-            popen = subprocess.Popen(
-                [*self.python, "-m", "tfmagic.task_main"],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                env=self.environment(),
-                start_new_session=True,
-                close_fds=True,
-                cwd=os.getcwd(),
-            )
-        finally:
-            log.close()
-        with self._lock:
-            self._procs[popen.pid] = popen
-        return TaskProcess(
-            launcher=self,
-            pid=popen.pid,
-            host=self.host,
-            to_task=popen.stdin,
-            from_task=popen.stdout,
-            log_path=log_path,
+        return self._start(
+            [*self.python, "-m", "tfmagic.task_main"], log_path, host=self.host, env=self.environment()
         )
 
-    def kill(self, proc: TaskProcess) -> None:
-        popen = self._procs.get(proc.pid)
-        if popen is None or popen.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            try:
-                popen.kill()
-            except ProcessLookupError:
-                pass
-        try:
-            popen.wait(timeout=10)
-        except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL does not take 10 s
-            pass
+    # -- answered here, faster than asking the task ---------------------------
+    def pick_port(self, proc: TaskHandle) -> int:
+        return net.free_port(self.host)
 
-    def wait_exit(self, proc: TaskProcess) -> int | None:
-        popen = self._procs.get(proc.pid)
-        if popen is None:
+    def listening(self, proc: TaskHandle) -> list[tuple[str, int]]:
+        """Seen from outside the task (its own answer could come from planted code)."""
+        from ..procstats import listening_addresses
+
+        return listening_addresses(proc.pid)
+
+    def task_log(self, log_path: str) -> str | None:
+        return log_path
+
+    def stats(self, proc: TaskHandle, memory: bool = True) -> dict | None:
+        if not proc.alive:
             return None
-        code = popen.wait()
-        for stream in (popen.stdin, popen.stdout):
-            try:
-                stream.close()
-            except (OSError, ValueError, BrokenPipeError):
-                pass
-        with self._lock:
-            self._procs.pop(proc.pid, None)
-        return code
+        from ..procstats import cpu_percent, memory_of, run_state, uptime
 
-    def read_log(self, proc: TaskProcess, tail: int | None = None) -> str:
-        return read_tail(proc.log_path, tail)
+        mem = (memory_of(proc.pid) or {}) if memory else {}
+        return {
+            "cpu_percent": cpu_percent(proc.pid),
+            "pss": mem.get("pss"),
+            "rss": mem.get("rss"),
+            "uptime_s": uptime(proc.pid),
+            "run_state": run_state(proc.pid),
+        }
 
     def security_note(self) -> str:
         if self.loopback_only:

@@ -62,8 +62,9 @@ from typing import Any
 
 from ..errors import ClusterStartError
 from . import spark_task
-from .base import Launcher, TaskProcess
-from .local import _PACKAGE_PARENT, TASK_ENV, read_tail
+from .base import Launcher
+from .channel import TaskProcess
+from .process import PACKAGE_PARENT, TASK_ENV, read_tail
 
 log = logging.getLogger("tfmagic.spark")
 
@@ -413,8 +414,6 @@ class SparkLauncher(Launcher):
     """
 
     name = "spark"
-    remote = True
-    spares = False
 
     def __init__(
         self,
@@ -462,6 +461,12 @@ class SparkLauncher(Launcher):
     @property
     def signature(self) -> tuple:
         return (self.name, self.master, self.python)
+
+    def placement(self) -> tuple:
+        return (self.name, self.master)
+
+    def describe(self) -> str:
+        return f" on Spark {self.master}"
 
     def hosts_for(self, count: int) -> list[str]:
         # Spark places the tasks; each one's address is known when its relay connects.
@@ -650,7 +655,7 @@ class SparkLauncher(Launcher):
             "env": env,
             "guard": self.guard,
             # A checkout that is not installed still works when executors share this machine.
-            "pythonpath": _PACKAGE_PARENT if self.loopback else None,
+            "pythonpath": PACKAGE_PARENT if self.loopback else None,
         }
 
     def _submit(self, log_paths: list[str], barrier: bool) -> _Batch:
@@ -852,9 +857,6 @@ class SparkLauncher(Launcher):
                 self._batches.pop(batch.id, None)
         return slot.exit_code
 
-    def read_log(self, proc: TaskProcess, tail: int | None = None) -> str:
-        return read_tail(proc.log_path, tail)
-
     def diagnose(self, proc: TaskProcess, log_tail: str) -> str:
         slot = self._by_pid.get(proc.pid)
         where = f"{slot.hostname} ({slot.address})" if slot and slot.hostname else "the Spark executors"
@@ -889,20 +891,20 @@ class SparkLauncher(Launcher):
         if ctx is not None and self._given is None:
             _release_context(ctx)
 
-    def client_address(self, cluster) -> str | None:
+    def client_address(self, defn) -> str | None:
         """Where the tasks reach this process as a client: ``None`` (TF's ``localhost``) when
         every executor shares this machine, else this machine's address the relays connected
-        to, with a port free here (chosen once, so a reconnection after a restart keeps it)."""
+        to, with this process's client port."""
         if self.loopback:
             return None
         if self._client_address is None:
+            from .. import client
+
             local = next(
                 (s.control.getsockname()[0] for s in self._by_pid.values() if s.control is not None),
                 self._bind_address() or self.host,
             )
-            with socket.socket() as probe:
-                probe.bind((local, 0))
-                self._client_address = f"{local}:{probe.getsockname()[1]}"
+            self._client_address = f"{local}:{client.client_port()}"
         return self._client_address
 
     # -- security ------------------------------------------------------------------------

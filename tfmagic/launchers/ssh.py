@@ -30,14 +30,15 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import threading
 from collections.abc import Sequence
 
+from .. import net
 from ..errors import ClusterStartError
-from .base import Launcher, TaskProcess
-from .local import TASK_ENV, read_tail
+from .base import TaskHandle
+from .channel import TaskProcess
+from .process import TASK_ENV, PopenLauncher, kill_tree, spawn
 
 #: Options every connection gets; the user's own config still applies for the rest.
 SSH_OPTIONS = (
@@ -73,7 +74,7 @@ def resolve(destination: str, ssh: Sequence[str]) -> tuple[str, str]:
     return found.get("hostname", destination), found.get("port", "22")
 
 
-class SSHLauncher(Launcher):
+class SSHLauncher(PopenLauncher):
     """Starts task processes on SSH hosts; tasks are placed round-robin over ``hosts``.
 
     Parameters
@@ -103,8 +104,6 @@ class SSHLauncher(Launcher):
     """
 
     name = "ssh"
-    remote = True
-    spares = False
 
     def __init__(
         self,
@@ -118,8 +117,9 @@ class SSHLauncher(Launcher):
         tunnel: bool = False,
         ssh: str = "ssh",
     ) -> None:
+        super().__init__()
         if isinstance(hosts, str):
-            hosts = [h for h in hosts.split(",")]
+            hosts = hosts.split(",")
         self.destinations = [h.strip() for h in hosts if h.strip()]
         if not self.destinations:
             raise ValueError("give at least one SSH host, e.g. hosts=['node1', 'node2']")
@@ -135,9 +135,7 @@ class SSHLauncher(Launcher):
         for dest in self.destinations:
             hostname, _port = resolve(dest, self.ssh)
             self.addresses[dest] = hostname
-        self._procs: dict[int, subprocess.Popen] = {}
         self._dest_of: dict[int, str] = {}
-        self._lock = threading.Lock()
         self._next = 0
         self._client_address: str | None = None
         self._tunnels: list[_Tunnel] = []
@@ -158,20 +156,21 @@ class SSHLauncher(Launcher):
     def signature(self) -> tuple:
         return (self.name, tuple(self.destinations), self.python, self.tunnel)
 
+    def placement(self) -> tuple:
+        return (self.name, tuple(self.destinations))
+
+    def describe(self) -> str:
+        return f" over ssh on {','.join(self.destinations)}"
+
     def hosts_for(self, count: int) -> list[str]:
         return [self.destinations[i % len(self.destinations)] for i in range(count)]
 
-    def destination(self, proc: TaskProcess) -> str:
-        return self._dest_of[proc.pid]
-
-    def pick_port(self, proc: TaskProcess | None = None) -> int:
+    def pick_port(self, proc: TaskHandle) -> int:
         """In tunnel mode a port must be free here (its local end) and on the task's host."""
-        if not self.tunnel or proc is None:
+        if not self.tunnel:
             return super().pick_port(proc)
-        from .local import free_port
-
         for _ in range(50):
-            port = free_port("127.0.0.1")
+            port = net.free_port("127.0.0.1")
             if proc.request("free_port", timeout=30.0, host="127.0.0.1", port=port)["port"] == port:
                 return port
         raise TimeoutError(f"no port was free both here and on {proc.destination} after 50 tries")
@@ -183,11 +182,11 @@ class SSHLauncher(Launcher):
         (its tasks reach them).  All traffic between hosts passes through this machine."""
         if not self.tunnel:
             return
-        from .local import free_port
+        from .. import client
 
         self.close()
-        self._client_address = f"127.0.0.1:{free_port('127.0.0.1')}"
-        client_port = int(self._client_address.rsplit(":", 1)[1])
+        client_port = client.client_port()
+        self._client_address = f"127.0.0.1:{client_port}"
         where = {}
         for task, proc in procs.items():
             port = int(cluster[task.job][task.index].rsplit(":", 1)[1])
@@ -210,6 +209,7 @@ class SSHLauncher(Launcher):
         """The shell command run on the host: exec, so the task *is* the session's process."""
         changes: dict[str, str | None] = dict(TASK_ENV)
         changes.update(self.extra_env)
+        changes["TFMAGIC_PDEATHSIG"] = "1"  # the task dies with its SSH session, even while stopped
         if self.guard:
             changes["TFMAGIC_GUARD_HOST"] = "127.0.0.1" if self.tunnel else address
         unset = [f"-u {shlex.quote(k)}" for k, v in changes.items() if v is None]
@@ -227,70 +227,26 @@ class SSHLauncher(Launcher):
                 dest = self.destinations[self._next % len(self.destinations)]
                 self._next += 1
         address = self.addresses[dest]
-        log = open(log_path, "ab")  # noqa: SIM115 - handed to the child
-        try:
-            log.write(f"tfmagic: ssh {dest} ({address}): starting a task process\n".encode())
-            log.flush()
-            popen = subprocess.Popen(
-                [*self.ssh, *SSH_OPTIONS, dest, self.remote_command(address)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                start_new_session=True,
-                close_fds=True,
-            )
-        finally:
-            log.close()
-        with self._lock:
-            self._procs[popen.pid] = popen
-            self._dest_of[popen.pid] = dest
-        proc = TaskProcess(
-            launcher=self,
-            pid=popen.pid,
+        proc = self._start(
+            [*self.ssh, *SSH_OPTIONS, dest, self.remote_command(address)],
+            log_path,
             host="127.0.0.1" if self.tunnel else address,
-            to_task=popen.stdin,
-            from_task=popen.stdout,
-            log_path=log_path,
+            note=f"tfmagic: ssh {dest} ({address}): starting a task process\n",
         )
+        with self._lock:
+            self._dest_of[proc.pid] = dest
         proc.destination = dest
         return proc
 
-    def kill(self, proc: TaskProcess) -> None:
+    def _end(self, proc: TaskHandle, popen: subprocess.Popen) -> None:
         """Ask the task to end at once (it kills its own group), then end the session."""
-        popen = self._procs.get(proc.pid)
-        if popen is None or popen.poll() is not None:
-            return
         proc.send("crash")
         try:
             popen.wait(timeout=3)
         except subprocess.TimeoutExpired:
             pass  # the task did not answer: closing the session ends it (end of its channel)
         if popen.poll() is None:
-            try:
-                os.killpg(popen.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                popen.kill()
-            try:
-                popen.wait(timeout=10)
-            except subprocess.TimeoutExpired:  # pragma: no cover
-                pass
-
-    def wait_exit(self, proc: TaskProcess) -> int | None:
-        popen = self._procs.get(proc.pid)
-        if popen is None:
-            return None
-        code = popen.wait()
-        for stream in (popen.stdin, popen.stdout):
-            try:
-                stream.close()
-            except (OSError, ValueError, BrokenPipeError):
-                pass
-        with self._lock:
-            self._procs.pop(proc.pid, None)
-        return code
-
-    def read_log(self, proc: TaskProcess, tail: int | None = None) -> str:
-        return read_tail(proc.log_path, tail)
+            kill_tree(popen.pid)
 
     def diagnose(self, proc: TaskProcess, log_tail: str) -> str:
         """What to do about a task that did not come up, from its exit code and log."""
@@ -307,25 +263,13 @@ class SSHLauncher(Launcher):
             return f"check that `ssh {dest} true` works here without a password prompt (keys, agent, known_hosts)"
         return ""
 
-    @property
-    def client_port_fixed(self) -> bool:  # the tunnels' -R forwards lead to that port
-        return self.tunnel
-
-    def client_address(self, cluster) -> str | None:
-        """This machine's address on the route to the hosts, with a port free here.
-
-        Chosen once per launcher, so a reconnection after a restart keeps it.
-        """
+    def client_address(self, defn) -> str | None:
+        """This machine's address on the route to the hosts, and this process's client port."""
         if self._client_address is None:
-            import socket
+            from .. import client
 
-            first = self.addresses[self.destinations[0]]
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-                probe.connect((first, 9))  # no packet is sent: this only asks the routing table
-                local = probe.getsockname()[0]
-            with socket.socket() as s:
-                s.bind((local, 0))
-                self._client_address = f"{local}:{s.getsockname()[1]}"
+            local = net.route_address(self.addresses[self.destinations[0]])
+            self._client_address = f"{local}:{client.client_port()}"
         return self._client_address
 
     # -- security ------------------------------------------------------------------
@@ -363,7 +307,7 @@ class _Tunnel:
     def open(cls, ssh: list[str], dest: str, forwards: list[str], timeout: float = 30.0) -> _Tunnel:
         from .. import owner
 
-        popen = subprocess.Popen(
+        popen = spawn(
             [
                 *ssh,
                 *SSH_OPTIONS,
@@ -402,10 +346,7 @@ class _Tunnel:
         from .. import owner
 
         if self.popen.poll() is None:
-            try:
-                os.killpg(self.popen.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                self.popen.kill()
+            kill_tree(self.popen.pid)
             try:
                 self.popen.wait(10)
             except subprocess.TimeoutExpired:  # pragma: no cover

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import threading
 
+from .. import events
+from ..errors import TrainingError
 from ..metrics import History
-from .engine import MODES, TrainingError, TrainingRun
+from .config import MODES, RunConfig
 from .models import Digits, KerasModel, Linear, Model
+from .run import TrainingRun
 
 __all__ = [
     "MODES",
     "last_run",
-    "set_last_run",
+    "RunConfig",
     "Comparison",
     "Digits",
     "KerasModel",
@@ -29,17 +32,9 @@ __all__ = [
 ]
 
 
-_last = None
-
-
-def set_last_run(run) -> None:
-    global _last
-    _last = run
-
-
 def last_run():
-    """The run (or comparison) ``%tf_train`` started last, or None."""
-    return _last
+    """The run, comparison or ``%%tf_px`` cell started last in this process, or None."""
+    return next(iter(events.started), None)
 
 
 def train(cluster, mode: str = "sync", *, block: bool = True, **kwargs) -> History | TrainingRun:
@@ -93,17 +88,17 @@ class Comparison:
     def start(self) -> Comparison:
         def go():
             for run in self.runs:
-                if self._stop.is_set():
+                if self._stop.is_set() or not run.cluster.running:
                     break
                 self.current = run
                 run.start()
-                set_last_run(self)
+                events.started.publish(self)
                 run.wait(raise_error=False)
             self.current = None
 
         self._thread = threading.Thread(target=go, name="tfmagic-compare", daemon=True)
         self._thread.start()
-        set_last_run(self)
+        events.started.publish(self)
         return self
 
     @property
@@ -118,8 +113,8 @@ class Comparison:
     def stop(self) -> list[History]:
         self._stop.set()
         if self.current is not None:
-            self.current.stop()
-        return self.wait()
+            self.current.stop()  # returns within two seconds, whatever the tasks do
+        return self.wait(1.0)
 
     def __repr__(self) -> str:
         state = "training " + self.current.name if self.current is not None else "done"

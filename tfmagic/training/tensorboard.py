@@ -13,20 +13,23 @@ import queue
 import threading
 from pathlib import Path
 
+from ..metrics import GlobalStep, StepRecord
+
 
 class SummaryWriterThread:
     def __init__(self, root: Path, history) -> None:
         self.root = Path(root)
         self._queue: queue.Queue = queue.Queue()
         self._writers: dict[str, object] = {}
-        history.listeners.append(self._on_record)
-        self._history = history
+        self._subscription = history.feed.subscribe(self._on_record)
         self._thread = threading.Thread(target=self._run, name="tfmagic-tensorboard", daemon=True)
         self._thread.start()
 
-    def _on_record(self, kind: str, item) -> None:
-        if kind in ("step", "global"):
-            self._queue.put((kind, item))
+    def _on_record(self, item) -> None:
+        if isinstance(item, StepRecord):
+            self._queue.put(("step", item))
+        elif isinstance(item, GlobalStep):
+            self._queue.put(("global", item))
 
     def _writer(self, name: str):
         import tensorflow as tf
@@ -59,7 +62,6 @@ class SummaryWriterThread:
                 w.close()  # flushes; a resumed run opens new event files beside these
 
     def close(self) -> None:
-        if self._on_record in self._history.listeners:
-            self._history.listeners.remove(self._on_record)
+        self._subscription.close()
         self._queue.put(None)
         self._thread.join(30)

@@ -1,0 +1,175 @@
+"""Where a cluster can run, by name: the registry the session and the magics start from.
+
+A :class:`ClusterRequest` says what is wanted (shape, backend, the backend's
+options) as plain data; :func:`build` turns it into a :class:`Cluster` that
+has not started yet, after checking everything that can be checked without
+starting a process (the ssh client and its hosts, pyspark and Java, the
+master's form).  That split is what lets ``start --replace`` refuse a bad
+request before it stops the running cluster.
+
+New backends register themselves with :func:`register`; nothing else has to
+know them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .cluster import Cluster, LocalCluster, SparkCluster, SSHCluster
+from .errors import BadClusterShape, ClusterStartError
+from .spec import ClusterShape
+
+
+@dataclass(frozen=True)
+class ClusterRequest:
+    """A cluster as asked for: ``ClusterRequest(ps=1, workers=2, backend="ssh", hosts=("a", "b"))``."""
+
+    ps: int = 1
+    workers: int = 2
+    backend: str = "local"
+    collective: bool = False
+    gpus: tuple[str, ...] = ()
+    spares: bool = True
+    loopback_only: bool = True
+    timeout: float | None = None
+    hosts: tuple[str, ...] = ()
+    python: str | None = None
+    ssh_config: str | None = None
+    tunnel: bool = False
+    master: str | None = None
+    extra: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def shape(self) -> ClusterShape:
+        return ClusterShape(ps=self.ps, workers=self.workers)
+
+    def placement(self) -> tuple:
+        """What :meth:`~tfmagic.launchers.base.Launcher.placement` of the built cluster will say."""
+        return BACKENDS[self.backend].placement(self)
+
+    def common(self) -> dict:
+        gpus = list(self.gpus) or None
+        return dict(
+            worker_gpus=(gpus[0] if gpus and len(gpus) == 1 else gpus),
+            collective=self.collective,
+            **({"start_timeout": self.timeout} if self.timeout else {}),
+            **self.extra,
+        )
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One place tasks can run: its options, how to build a cluster there, what identifies it."""
+
+    name: str
+    help: str
+    options: tuple[str, ...]
+    make: Callable[[ClusterRequest], Cluster]
+    placement: Callable[[ClusterRequest], tuple]
+
+
+BACKENDS: dict[str, Backend] = {}
+
+
+def register(backend: Backend) -> Backend:
+    BACKENDS[backend.name] = backend
+    return backend
+
+
+def _ssh_hosts(request: ClusterRequest) -> tuple[str, ...]:
+    return tuple(h.strip() for h in request.hosts if h.strip())
+
+
+def _spark_master(request: ClusterRequest) -> str:
+    return request.master or f"local[{request.shape.size}]"
+
+
+_MASTER = re.compile(r"^(local(\[(\*|[0-9]+)(,[0-9]+)?\])?|spark://[^\s/]+|yarn|k8s://\S+)$", re.ASCII)
+
+
+def _make_spark(request: ClusterRequest) -> Cluster:
+    master = _spark_master(request)
+    if not _MASTER.match(master):
+        raise ClusterStartError(
+            f"{master!r} is not a Spark master; use local[N], spark://HOST:PORT, yarn or k8s://URL"
+        )
+    from .launchers import spark
+
+    spark._import_pyspark()
+    spark._check_java()
+    return SparkCluster(master=master, ps=request.ps, workers=request.workers, **request.common())
+
+
+def _make_ssh(request: ClusterRequest) -> Cluster:
+    hosts = _ssh_hosts(request)
+    if not hosts:
+        raise BadClusterShape(
+            "the ssh backend needs hosts, e.g. hosts=['node1', 'node2'] (names your ssh knows)"
+        )
+    return SSHCluster(
+        list(hosts),
+        ps=request.ps,
+        workers=request.workers,
+        python=request.python or "python3",
+        ssh_config=request.ssh_config,
+        tunnel=request.tunnel,
+        **request.common(),
+    )
+
+
+register(
+    Backend(
+        "local",
+        "task processes on this machine",
+        ("spares", "loopback_only"),
+        lambda r: LocalCluster(
+            ps=r.ps, workers=r.workers, spares=r.spares, loopback_only=r.loopback_only, **r.common()
+        ),
+        lambda r: ("local",),
+    )
+)
+register(
+    Backend(
+        "ssh",
+        "task processes on SSH hosts, placed round-robin",
+        ("hosts", "python", "ssh_config", "tunnel"),
+        _make_ssh,
+        lambda r: ("ssh", _ssh_hosts(r)),
+    )
+)
+register(
+    Backend(
+        "spark",
+        "task processes as one Spark barrier job",
+        ("master",),
+        _make_spark,
+        lambda r: ("spark", _spark_master(r)),
+    )
+)
+
+
+def build(request: ClusterRequest) -> Cluster:
+    """A cluster for ``request``, checked but not started (raises what can be known now)."""
+    backend = BACKENDS.get(request.backend)
+    if backend is None:
+        raise BadClusterShape(f"unknown backend {request.backend!r}; use one of {', '.join(BACKENDS)}")
+    given = {
+        name
+        for name in ("hosts", "python", "ssh_config", "tunnel", "master")
+        if getattr(request, name) not in ((), None, False)
+    }
+    foreign = sorted(given - set(backend.options))
+    if foreign:
+        owners = sorted({b.name for b in BACKENDS.values() for o in foreign if o in b.options})
+        raise BadClusterShape(
+            f"{', '.join(foreign)} {'is' if len(foreign) == 1 else 'are'} for the {' or '.join(owners)} backend"
+        )
+    if request.collective and request.ps:
+        raise BadClusterShape("collective mode (all-reduce) has no parameter servers; use ps=0")
+    if request.gpus and len(request.gpus) not in (1, request.workers):
+        raise BadClusterShape(
+            f"{len(request.gpus)} GPU entries for {request.workers} workers; give one per worker, or one for all"
+        )
+    return backend.make(request)

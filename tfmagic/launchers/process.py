@@ -1,0 +1,197 @@
+"""Process plumbing shared by the launchers that start child processes here (local, SSH).
+
+* :data:`TASK_ENV`: the environment every task process gets;
+* :func:`read_tail`: the end of a log file;
+* :class:`PopenLauncher`: the bookkeeping of child processes (start, kill
+  with everything they started, wait, read their log), which
+  :class:`~tfmagic.launchers.local.LocalLauncher` and
+  :class:`~tfmagic.launchers.ssh.SSHLauncher` extend;
+* :func:`spawn`: every child starts from one long-lived thread (see there).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import queue
+import signal
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any
+
+from .base import Launcher, TaskHandle
+from .channel import TaskProcess
+
+#: The directory holding the ``tfmagic`` package: put on a task's PYTHONPATH, so a
+#: checkout that is not installed runs the same code in its tasks.
+PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
+
+#: Environment every task process gets.  GRPC_FAIL_FAST=use_caller lets a
+#: caller (ClusterCoordinator) decide to retry on another worker instead of
+#: hanging on a dead one; TF_CONFIG from the owner would mislead the task.
+TASK_ENV: dict[str, str | None] = {
+    "GRPC_FAIL_FAST": "use_caller",
+    "PYTHONUNBUFFERED": "1",
+    "TF_CONFIG": None,
+}
+
+
+def read_tail(path: str, tail: int | None) -> str:
+    """The last ``tail`` lines of a text file (all of it for ``None``; ``""`` if it is missing)."""
+    try:
+        with open(path, "rb") as f:
+            if tail is None:
+                data = f.read()
+            else:
+                f.seek(0, os.SEEK_END)
+                size = f.tell()
+                block, data = 8192, b""
+                while size > 0 and data.count(b"\n") <= tail:
+                    step = min(block, size)
+                    size -= step
+                    f.seek(size)
+                    data = f.read(step) + data
+                    block *= 2
+                data = b"\n".join(data.splitlines()[-tail:]) if tail else b""
+    except (FileNotFoundError, IsADirectoryError):
+        return ""
+    return data.decode("utf-8", "replace")
+
+
+class _Spawner:
+    """Starts child processes from one thread that lives as long as this process.
+
+    A task process asks the kernel to SIGKILL it when its parent goes away
+    (``PR_SET_PDEATHSIG``, see :mod:`tfmagic.task_main`): that ends even a
+    task someone stopped with SIGSTOP, which cannot read the end of its
+    channel.  Linux ties that signal to the *thread* that started the child,
+    so a task started from a short-lived thread (the spare pool's) would die
+    with that thread; started from here, it dies with its owner.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def popen(self, *args: Any, **kwargs: Any) -> subprocess.Popen:
+        if threading.current_thread() is self._thread:
+            return subprocess.Popen(*args, **kwargs)
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="tfmagic-spawner", daemon=True)
+                self._thread.start()
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._jobs.put((future, args, kwargs))
+        return future.result()
+
+    def _run(self) -> None:
+        while True:
+            future, args, kwargs = self._jobs.get()
+            try:
+                future.set_result(subprocess.Popen(*args, **kwargs))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                future.set_exception(exc)
+
+
+_spawner = _Spawner()
+
+
+def spawn(argv: list[str], **kwargs: Any) -> subprocess.Popen:
+    """``subprocess.Popen(argv, **kwargs)`` from the spawner thread (no fork of this
+    process's Python: ``subprocess`` forks and execs at once, in C)."""
+    return _spawner.popen(argv, **kwargs)
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process, everything it started (also in new sessions) and its process group."""
+    import psutil
+
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        children = []
+    for child in children:
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+class PopenLauncher(Launcher):
+    """Tasks whose process (or whose ``ssh`` client) is a child of this process."""
+
+    def __init__(self) -> None:
+        self._procs: dict[int, subprocess.Popen] = {}
+        self._lock = threading.Lock()
+
+    def _start(
+        self, argv: list[str], log_path: str, *, host: str, env: dict[str, str] | None = None, note: str = ""
+    ) -> TaskProcess:
+        """Start ``argv`` with its stdin/stdout as the task's channel and its stderr into ``log_path``."""
+        log = open(log_path, "ab")  # noqa: SIM115 - handed to the child
+        try:
+            if note:
+                log.write(note.encode())
+                log.flush()
+            popen = spawn(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                env=env,
+                start_new_session=True,
+                close_fds=True,
+            )
+        finally:
+            log.close()
+        with self._lock:
+            self._procs[popen.pid] = popen
+        return TaskProcess(
+            launcher=self,
+            pid=popen.pid,
+            host=host,
+            to_task=popen.stdin,
+            from_task=popen.stdout,
+            log_path=log_path,
+        )
+
+    def _popen(self, proc: TaskHandle) -> subprocess.Popen | None:
+        popen = self._procs.get(proc.pid) if proc.pid is not None else None
+        return popen if popen is not None and popen.poll() is None else None
+
+    def kill(self, proc: TaskHandle) -> None:
+        popen = self._popen(proc)
+        if popen is None:
+            return
+        self._end(proc, popen)
+        try:
+            popen.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL does not take 10 s
+            pass
+
+    def _end(self, proc: TaskHandle, popen: subprocess.Popen) -> None:
+        """How a child ends at once: SIGKILL for it and everything it started."""
+        kill_tree(popen.pid)
+
+    def wait_exit(self, proc: TaskHandle) -> int | None:
+        popen = self._procs.get(proc.pid) if proc.pid is not None else None
+        if popen is None:
+            return None
+        code = popen.wait()
+        for stream in (popen.stdin, popen.stdout):
+            try:
+                stream.close()
+            except (OSError, ValueError):
+                pass
+        with self._lock:
+            self._procs.pop(proc.pid, None)
+        return code

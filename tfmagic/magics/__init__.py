@@ -1,0 +1,56 @@
+"""IPython magics: a thin layer that parses, calls the plain-Python API and renders.
+
+One ``Magics`` class per family:
+
+* :mod:`.cluster`: ``%tf_cluster VERB`` (start, status, logs, slow, kill, restart, stop, ...);
+* :mod:`.training`: ``%tf_train``, ``%tf_dashboard``;
+* :mod:`.cells`: ``%%tf_device``, ``%%tf_px``.
+
+Bad input becomes one ``UsageError`` line saying what was wrong and what to
+do, in magic syntax (:mod:`.render`); nothing here changes a running cluster
+before the input is known good.  The session (:mod:`tfmagic.session`) holds
+what lives between cells.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .. import owner, session
+from ..pool import default_pool
+from .cells import CellMagics
+from .cluster import ClusterMagics
+from .training import TrainingMagics
+
+__all__ = ["CellMagics", "ClusterMagics", "TrainingMagics", "load", "unload"]
+
+_filter = None
+
+
+def load(ipython) -> None:
+    """Register the magics and keep TensorFlow's C++ log lines out of the notebook."""
+    global _filter
+    for magics in (ClusterMagics, TrainingMagics, CellMagics):
+        ipython.register_magics(magics)
+    default_pool().reopen()
+    if os.environ.get("TFMAGIC_SHOW_TF_LOGS", "") not in ("1", "true", "yes"):
+        try:
+            from .. import logfilter
+
+            _filter = logfilter.install(owner.runtime_dir() / "kernel-native.log")
+        except Exception as exc:  # noqa: BLE001 - the filter is a comfort, never a blocker
+            print(f"tfmagic: TensorFlow's native logs will show here ({exc})", file=sys.stderr)
+
+
+def unload(ipython) -> None:
+    """Stop the cluster and every spare this kernel started; restore stderr."""
+    global _filter
+    killed = session.default().close()
+    if _filter is not None:
+        from .. import logfilter
+
+        logfilter.uninstall()
+        _filter = None
+    if killed:
+        print(f"tfmagic: stopped {killed} process{'es' if killed != 1 else ''}.")

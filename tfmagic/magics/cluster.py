@@ -1,0 +1,380 @@
+"""``%tf_cluster``: start, inspect, break on purpose and stop a cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.display import display
+
+from .. import owner, session
+from ..backends import BACKENDS, ClusterRequest
+from ..errors import ClusterRunning, ClusterStartError, TfmagicError
+from ..pool import default_pool, parse_bytes
+from ..procstats import human_bytes, memory_of
+from ..spec import ClusterShape
+from . import render
+from .verbs import Verbs, arg, count, number, seconds, unquote, verb
+
+
+def _need_cluster(what: str):
+    cluster = session.default().running()
+    if cluster is None:
+        raise UsageError(
+            f"no cluster is running, so there is nothing to {what}; start one with %tf_cluster start"
+        )
+    return cluster
+
+
+def _task(cluster, text: str | None, what: str):
+    if not text:
+        raise UsageError(f"{what} needs a task, for example: %tf_cluster {what} worker:1")
+    try:
+        return cluster.check_task(unquote(text))
+    except TfmagicError as exc:
+        raise UsageError(render.as_magic(str(exc))) from None
+
+
+def _running_message(exc: ClusterRunning, shape) -> str:
+    flags = f"--ps {shape.ps} --workers {shape.workers}"
+    return (
+        f"a cluster of another {exc.what} is running ({exc.running.describe()}); "
+        f"stop it first (%tf_cluster stop) or replace it: %tf_cluster start {flags} ... --replace"
+    )
+
+
+@magics_class
+class ClusterMagics(Magics):
+    """``%tf_cluster VERB``: the cluster's life, one verb each."""
+
+    @property
+    def in_notebook(self) -> bool:
+        return getattr(self.shell, "kernel", None) is not None
+
+    @line_magic
+    def tf_cluster(self, line: str = ""):
+        """Start, inspect and stop a TensorFlow cluster (local, over SSH, on Spark, or attached).
+
+        Examples::
+
+            %tf_cluster start --ps 1 --workers 2   # one ps, two workers on this machine
+            %tf_cluster status                     # tasks, pids, CPU, memory (PSS/RSS)
+            %tf_cluster logs worker:1 --tail 20    # the last lines a task wrote
+            %tf_cluster slow worker:1 --factor 4   # a straggler: worker 1 at 1/4 speed (1 restores)
+            %tf_cluster kill worker:1              # the task's process dies, as in a crash
+            %tf_cluster restart worker:1           # it comes back on its old address
+            %tf_cluster stop                       # stop every task (spares stay warm)
+
+        Then ``%%tf_device worker:1`` runs a cell's ops on a task.
+        """
+        try:
+            return VERBS.run(self, line)
+        except TfmagicError as exc:
+            raise UsageError(render.as_magic(str(exc))) from None
+
+    # -- start and stop -------------------------------------------------------
+    @verb("start a cluster; the same shape again reuses it, another shape needs --replace")
+    @arg(
+        "--ps",
+        type=count,
+        default=None,
+        help="parameter-server tasks (default 1; 0 for a worker-only cluster)",
+    )
+    @arg("--workers", type=count, default=None, help="worker tasks (default 2)")
+    @arg("--backend", default="local", help=f"where tasks run: {', '.join(BACKENDS)}")
+    @arg("--replace", action="store_true", help="stop the running cluster and start this one")
+    @arg("--gpus", default=None, help="CUDA_VISIBLE_DEVICES per worker, '/'-separated ('0/1'); ps get none")
+    @arg("--no-spares", action="store_true", help="spawn every task fresh instead of taking warm spares")
+    @arg("--timeout", type=seconds, default=None, help="seconds to wait for every task (default 120)")
+    @arg(
+        "--collective",
+        action="store_true",
+        help="all-reduce mode (implies --ps 0): `strategy` in %%%%tf_px cells",
+    )
+    @arg("--all-interfaces", action="store_true", help="let task servers listen on every interface")
+    @arg("--hosts", default=None, help="ssh: hosts, comma-separated (node1,node2)")
+    @arg("--python", default=None, help="ssh: the Python on the hosts (default python3)")
+    @arg("--ssh-config", default=None, help="ssh: an ssh config file (ssh -F)")
+    @arg(
+        "--tunnel",
+        action="store_true",
+        help="ssh: servers on each host's loopback, reached through SSH tunnels",
+    )
+    @arg("--master", default=None, help="spark: local[N] or spark://HOST:PORT")
+    def cmd_start(self, args):
+        if args.collective and args.ps:
+            raise UsageError("--collective (all-reduce) has no parameter servers; use --ps 0 --collective")
+        backend = args.backend.lower()
+        if backend not in BACKENDS:
+            raise UsageError(f"unknown backend {args.backend!r}; use one of {', '.join(BACKENDS)}")
+        if backend == "ssh" and not args.hosts:
+            raise UsageError("--backend ssh needs --hosts, e.g. --hosts node1,node2 (names your ssh knows)")
+        for flag, given, owner_backend in (
+            ("--hosts", args.hosts, "ssh"),
+            ("--python", args.python, "ssh"),
+            ("--ssh-config", args.ssh_config, "ssh"),
+            ("--tunnel", args.tunnel, "ssh"),
+            ("--master", args.master, "spark"),
+        ):
+            if given and backend != owner_backend:
+                raise UsageError(f"{flag} is for --backend {owner_backend}")
+        request = ClusterRequest(
+            ps=(0 if args.collective else 1) if args.ps is None else args.ps,
+            workers=2 if args.workers is None else args.workers,
+            backend=backend,
+            collective=args.collective,
+            gpus=tuple(args.gpus.split("/")) if args.gpus else (),
+            spares=not args.no_spares,
+            loopback_only=not args.all_interfaces,
+            timeout=args.timeout,
+            hosts=tuple(h.strip() for h in (args.hosts or "").split(",") if h.strip()),
+            python=args.python,
+            ssh_config=args.ssh_config,
+            tunnel=args.tunnel,
+            master=args.master,
+        )
+        try:
+            shape = request.shape
+        except TfmagicError as exc:
+            raise UsageError(str(exc)) from None
+        if request.gpus and len(request.gpus) not in (1, shape.workers):
+            raise UsageError(
+                f"--gpus has {len(request.gpus)} entries for {shape.workers} workers; "
+                "give one per worker separated by '/', or one for all"
+            )
+        sess = session.default()
+        try:
+            if sess.running() is not None and not args.replace:
+                cluster, outcome = sess.start(request)  # reuses, or raises ClusterRunning
+                print(render.started(cluster, outcome))
+                return None
+        except ClusterRunning as exc:
+            raise UsageError(_running_message(exc, shape)) from None
+        view = render.StartProgress(shape.tasks())
+        handle = display(view, display_id=True) if self.in_notebook else None
+
+        def progress(task: str, stage: str, detail: str) -> None:
+            view.update(task, stage, detail)
+            if handle is not None:
+                handle.update(view)
+            else:
+                print(f"  {task:10s} {stage:9s} {detail}", flush=True)
+
+        try:
+            cluster, outcome = sess.start(request, replace=args.replace, progress=progress)
+        except ClusterRunning as exc:  # another start came first
+            if handle is not None:
+                handle.update(render.Cleared())
+            raise UsageError(_running_message(exc, shape)) from None
+        except ClusterStartError as exc:
+            view.title = "cluster failed to start"
+            if exc.task:
+                view.update(exc.task, "failed", "see below")
+            if handle is not None:
+                handle.update(view)
+            if exc.log_tail:
+                print(f"--- last lines of {exc.task}'s log ---\n{exc.log_tail}", file=sys.stderr)
+            raise UsageError(render.as_magic(str(exc))) from None
+        except KeyboardInterrupt:
+            print("Start interrupted; the tasks started so far were stopped.", file=sys.stderr)
+            return None
+        view.title = f"cluster {cluster.name} is up"
+        if handle is not None:
+            handle.update(view)
+        print(render.started(cluster, outcome))
+        print(render.security(cluster))
+        for task, proc in cluster.procs.items():
+            if getattr(proc, "guard_failed", None):
+                print(
+                    f"Warning: {task} on {proc.destination or proc.host}: {proc.guard_failed}.",
+                    file=sys.stderr,
+                )
+        return None
+
+    @verb("stop every task (warm spares stay for the next start); an attached cluster is only let go")
+    def cmd_stop(self, args):
+        cluster = _need_cluster("stop")
+        n = len(cluster.procs)
+        session.default().stop()
+        if cluster.launcher.name == "attached":
+            print(
+                f"Detached from cluster {cluster.name}; its {n} tasks keep running (tfmagic did not start them)."
+            )
+            return
+        spares = default_pool().processes()
+        print(
+            f"Stopped cluster {cluster.name} ({n} tasks). "
+            f"{len(spares)} warm spare process{'es' if len(spares) != 1 else ''} kept for the next start"
+            + (" (%tf_cluster spares off frees them)." if spares else ".")
+        )
+
+    @verb("attach to a cluster started elsewhere: a ClusterSpec/TF_CONFIG as JSON, a file, or $TF_CONFIG")
+    @arg("spec", nargs="?", default=None, help="quoted JSON or a file (default: $TF_CONFIG)")
+    def cmd_attach(self, args):
+        from ..attach import AttachedCluster
+
+        spec = unquote(args.spec) if args.spec else os.environ.get("TF_CONFIG")
+        if not spec:
+            raise UsageError(
+                "attach needs the cluster: %tf_cluster attach cluster.json, or a quoted ClusterSpec/TF_CONFIG "
+                "JSON, or set TF_CONFIG"
+            )
+        running = session.default().running()
+        if running is not None:
+            raise UsageError(
+                f"a cluster is running ({running.describe()}); stop it first (%tf_cluster stop), then attach"
+            )
+        cluster = AttachedCluster(spec)
+        cluster.start()
+        session.default().adopt(cluster)
+        print(
+            f"Attached to cluster {cluster.name} ({cluster.shape.describe()}): "
+            + ", ".join(f"{t} {cluster.address(t)}" for t in cluster.procs)
+            + ". tfmagic did not start these tasks: %tf_cluster stop only detaches, and slow, kill and restart "
+            "are not available. %%tf_device worker:0 runs a cell there."
+        )
+        print(f"Security: {cluster.launcher.security_note()}.")
+
+    # -- looking ---------------------------------------------------------------
+    @verb("each task: address, pid, state, CPU, memory (PSS beside RSS), uptime; warm spares")
+    def cmd_status(self, args):
+        cluster = session.default().cluster
+        if cluster is None:
+            spares = default_pool().processes()
+            print(f"No cluster is running ({len(spares)} warm spares); start one with %tf_cluster start.")
+            return
+        display(cluster.status())
+
+    @verb("what a task wrote (TensorFlow's own lines included); 'kernel' for the kernel's native log")
+    @arg("task", nargs="?", default=None, help="worker:1, ps:0, or kernel")
+    @arg("--tail", type=count, default=50, help="how many lines (0 for all)")
+    def cmd_logs(self, args):
+        if not args.task:
+            raise UsageError("logs needs a task, for example: %tf_cluster logs worker:1 --tail 20")
+        if args.task in ("kernel", "client"):
+            from ..launchers.process import read_tail
+
+            path = owner.runtime_dir() / "kernel-native.log"
+            print(read_tail(str(path), args.tail or None) or f"(nothing logged yet in {path})")
+            return
+        cluster = _need_cluster("show logs of")
+        print(cluster.logs(_task(cluster, args.task, "logs"), tail=args.tail or None))
+
+    @verb("the ClusterSpec and each task's TF_CONFIG, as JSON")
+    def cmd_spec(self, args):
+        cluster = _need_cluster("describe")
+        defn = cluster.cluster_def
+        print("ClusterSpec:")
+        print(json.dumps(defn.as_dict(), indent=2))
+        for task in defn.tasks():
+            print(f"TF_CONFIG for {task}:")
+            print(json.dumps(defn.tf_config(task)))
+
+    @verb("memory allowed for warm spare processes: a size such as 2GB, off, or auto")
+    @arg("budget", nargs="?", default=None, help="2GB, 800MB, off, auto")
+    def cmd_spares(self, args):
+        pool = default_pool()
+        if args.budget:
+            try:
+                parse_bytes(args.budget)
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+            pool.set_budget(args.budget)
+        spares = pool.processes()
+        pss = sum((memory_of(p.pid) or {}).get("pss", 0) for p in spares)
+        print(
+            f"Spare budget {human_bytes(pool.budget)}; {len(spares)} warm spare process"
+            f"{'es' if len(spares) != 1 else ''} ({human_bytes(pss)} PSS)."
+        )
+
+    # -- failures on purpose ---------------------------------------------------
+    @verb("a straggler: the task runs at 1/FACTOR speed (--factor 1 restores)")
+    @arg("task", nargs="?", default=None, help="worker:1")
+    @arg("--factor", type=number, default=4.0, help="1/FACTOR of full speed (>= 1)")
+    def cmd_slow(self, args):
+        cluster = _need_cluster("slow")
+        task = _task(cluster, args.task, "slow")
+        try:
+            cluster.slow(task, args.factor)
+        except ValueError as exc:
+            raise UsageError(f"--factor {args.factor:g}: {exc}".replace("factor must be", "give")) from None
+        if args.factor > 1:
+            print(
+                f"{task} now runs at 1/{args.factor:g} speed; %tf_cluster slow {task} --factor 1 restores it."
+            )
+        else:
+            print(f"{task} runs at full speed again.")
+
+    @verb("kill a task's process, as a crash would")
+    @arg("task", nargs="?", default=None, help="worker:1")
+    def cmd_kill(self, args):
+        cluster = _need_cluster("kill")
+        task = _task(cluster, args.task, "kill")
+        pid = cluster.procs[task].pid
+        cluster.kill(task)
+        print(f"Killed {task} (pid {pid}). %tf_cluster restart {task} brings it back.")
+
+    @verb("start a task again on its old address (--force replaces one that still runs, losing its state)")
+    @arg("task", nargs="?", default=None, help="worker:1")
+    @arg("--force", action="store_true", help="replace a task that is still running")
+    def cmd_restart(self, args):
+        cluster = _need_cluster("restart")
+        task = _task(cluster, args.task, "restart")
+        try:
+            outcome = cluster.restart(task, force=args.force)
+        except ClusterStartError as exc:
+            if exc.log_tail:
+                print(f"--- last lines of {exc.task}'s log ---\n{exc.log_tail}", file=sys.stderr)
+            raise UsageError(render.as_magic(str(exc))) from None
+        how = "a warm spare" if outcome.warm else "a new process"
+        print(
+            f"Restarted {task} on {cluster.address(task)} in {outcome.seconds:.2f} s ({how}, "
+            f"pid {cluster.procs[task].pid})."
+        )
+
+    # -- elsewhere -------------------------------------------------------------
+    @verb("write a Slurm script or Kubernetes manifests for this cluster's shape")
+    @arg("kind", nargs="?", default=None, help="slurm, k8s or tfjob")
+    @arg("--out", default=None, help="write to this file instead of printing")
+    @arg("--force", action="store_true", help="overwrite --out if it exists")
+    @arg("--image", default=None, help="k8s/tfjob: the container image with TensorFlow and your program")
+    @arg("--ps", type=count, default=None, help="ps tasks (default: the running cluster's, else 1)")
+    @arg("--workers", type=count, default=None, help="workers (default: the running cluster's, else 2)")
+    def cmd_export(self, args):
+        from ..export import export, write_export
+
+        given = (args.kind or "").lower()
+        kind = {"k8s": "kubernetes", "kube": "kubernetes"}.get(given, given)
+        if kind not in ("slurm", "kubernetes", "tfjob"):
+            raise UsageError("export needs what to write: %tf_cluster export slurm|k8s|tfjob [--out FILE]")
+        options = {}
+        if kind != "slurm":
+            if not args.image:
+                raise UsageError(
+                    f"export {args.kind} needs --image, the container image holding TensorFlow and your program"
+                )
+            options["image"] = args.image
+        if args.force and not args.out:
+            raise UsageError("--force is for --out FILE: it overwrites that file")
+        running = session.default().running()
+        if args.ps is not None or args.workers is not None or running is None:
+            shape = ClusterShape(
+                ps=1 if args.ps is None else args.ps, workers=2 if args.workers is None else args.workers
+            )
+        else:
+            shape = running.shape
+        if args.out:
+            try:
+                path = write_export(kind, args.out, shape, force=args.force, **options)
+            except TfmagicError as exc:
+                raise UsageError(str(exc).replace("force=True", "--force")) from None
+            print(f"Wrote {path} ({kind}, {shape.describe()}); see docs/export.md for how to run it.")
+        else:
+            print(export(kind, shape, **options))
+
+
+VERBS = Verbs("tf_cluster", ClusterMagics, default="status")
+ClusterMagics.tf_cluster.__doc__ = (ClusterMagics.tf_cluster.__doc__ or "") + "\n" + VERBS.usage()

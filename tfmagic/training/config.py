@@ -1,0 +1,91 @@
+"""A training run's settings, checked once, before anything runs."""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import TrainingError
+from .optimizers import NAMES as OPTIMIZERS
+
+MODES = ("sync", "async")
+
+
+def _whole(label: str, value, lo: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise TrainingError(f"{label} must be a whole number >= {lo}, not {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What a run was asked to do: ``RunConfig.checked(mode="sync", steps=300, ...)``.
+
+    Every field is validated in :meth:`checked` with a message that says what
+    to give instead; the engine's parts read it and never re-check.
+    """
+
+    mode: str = "sync"
+    steps: int = 200
+    lr: float = 0.1
+    batch_size: int = 32
+    backup_workers: int = 0
+    optimizer: str = "sgd"
+    seed: int = 0
+    logdir: Path | None = None
+    checkpoint_every: int = 50
+    checkpoint_dir: Path | None = None
+    name: str = ""
+
+    @classmethod
+    def checked(cls, workers: int, **kwargs) -> RunConfig:
+        """A config for a cluster with ``workers`` workers, or a :class:`TrainingError` saying what is wrong."""
+        mode = kwargs.get("mode", "sync")
+        if mode not in MODES:
+            raise TrainingError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+        steps = _whole("steps", kwargs.get("steps", 200), 1)
+        batch = _whole("batch_size", kwargs.get("batch_size", 32), 1)
+        backup = _whole("backup_workers", kwargs.get("backup_workers", 0), 0)
+        if backup >= workers:
+            raise TrainingError(
+                f"backup_workers={backup} leaves no gradient to aggregate with {workers} workers; "
+                f"use at most {workers - 1}"
+            )
+        if backup and mode == "async":
+            raise TrainingError("backup_workers only makes sense for mode='sync' (async never waits)")
+        lr = kwargs.get("lr", 0.1)
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not (lr > 0 and math.isfinite(lr)):
+            raise TrainingError(f"lr must be a finite number > 0, not {lr!r}; for example lr=0.1")
+        optimizer = kwargs.get("optimizer", "sgd")
+        if optimizer not in OPTIMIZERS:
+            raise TrainingError(f"unknown optimizer {optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
+        seed = _whole("seed", kwargs.get("seed", 0), 0)
+        logdir = kwargs.get("logdir")
+        if logdir is not None:
+            logdir = Path(logdir)
+            if logdir.exists() and not logdir.is_dir():
+                raise TrainingError(
+                    f"logdir {str(logdir)!r} is a file; give a directory (it is made if missing)"
+                )
+        every = _whole("checkpoint_every", int(kwargs.get("checkpoint_every", 50)), 1)
+        ckpt = kwargs.get("checkpoint_dir")
+        if ckpt is None:
+            from .. import owner
+
+            ckpt = tempfile.mkdtemp(prefix="checkpoints-", dir=owner.runtime_dir())
+        return cls(
+            mode=mode,
+            steps=steps,
+            lr=float(lr),
+            batch_size=batch,
+            backup_workers=backup,
+            optimizer=optimizer,
+            seed=seed,
+            logdir=logdir,
+            checkpoint_every=every,
+            checkpoint_dir=Path(os.fspath(ckpt)),
+            name=kwargs.get("name") or mode,
+        )

@@ -1,0 +1,179 @@
+"""What a run does when something goes wrong: the failure policy, as a class would teach it.
+
+* a worker is lost: async goes on without it; sync with backup workers goes
+  on while enough remain; sync without backups stops at once and says what
+  to do; a restarted worker rejoins;
+* a ps is lost: its variables are gone; the run stops within a second and
+  ``resume()`` continues from the last checkpoint once the ps is restarted;
+* the cluster stops (or is replaced): the run ends at once, saying so;
+* the loss becomes NaN or infinite: the run stops at that update and says
+  what to try.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from .. import client
+from ..errors import TrainingError
+from ..events import Event
+from ..metrics import History
+from ..spec import TaskName
+from .control import Control
+from .params import ParameterStore, clear_executor
+from .steps import Worker
+
+
+class FailurePolicy:
+    """Decides, for one run, what each failure means and what happens next."""
+
+    def __init__(self, run, control: Control, history: History, params: ParameterStore) -> None:
+        self.run = run
+        self.cluster = run.cluster
+        self.config = run.config
+        self.control = control
+        self.history = history
+        self.params = params
+        self.workers: dict[TaskName, Worker] = {}
+
+    # -- what the cluster says ------------------------------------------------
+    def on_cluster_event(self, event: Event) -> None:
+        if event.kind == "stopping":
+            # The cluster's tasks are about to be killed: end now, and leave nothing waiting on them.
+            self.control.stop(f"stopped: {event.detail}")
+            client.gate.drop(self.run.who)
+            return
+        task = event.task
+        if task is None:
+            return
+        self.history.add_event(event, step=self.run.step_now())
+        if task.job == "worker" and task in self.workers:
+            w = self.workers[task]
+            if event.kind in ("kill", "lost"):
+                w.lost = True
+            elif event.kind == "restart":
+                w.lost = False
+                w.rebuild = True
+        elif task.job == "ps" and event.kind in ("kill", "lost"):
+            self.control.fail(self.ps_lost(task))
+        self.control.wake()
+
+    def ps_lost(self, task: TaskName) -> TrainingError:
+        ckpt = self.run.checkpoints.last()
+        at = f"step {self.run.checkpoints.last_step}" if ckpt else "no checkpoint yet"
+        return TrainingError(
+            f"{task} was lost at step {self.run.step_now()}: the variables on it are gone. "
+            f"Restart it (cluster.restart('{task}') or %tf_cluster restart {task}) and call resume() "
+            f"to continue from the last checkpoint ({at})."
+        )
+
+    def explain(self, exc: Exception) -> TrainingError:
+        """An unexpected error, as the user should read it."""
+        lost = [t for t, p in self.cluster.procs.items() if not p.alive]
+        if lost:
+            return TrainingError(
+                f"training stopped: {', '.join(lost)} is gone ({type(exc).__name__}); restart it and resume()"
+            )
+        return TrainingError(
+            f"training stopped: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        )
+
+    # -- what a step says ---------------------------------------------------------
+    def check_loss(self, loss: float, update: int) -> bool:
+        """False (and the run stops, saying why) when the loss is no longer a number."""
+        if math.isfinite(loss):
+            return True
+        self.control.fail(
+            TrainingError(
+                f"the loss became {loss} at update {update}: training diverged (lr={self.config.lr:g} is too "
+                f"large for this model, or its inputs are not scaled); try a smaller lr, e.g. "
+                f"lr={self.config.lr / 10:g}, or the adagrad optimizer"
+            )
+        )
+        return False
+
+    def handle_error(self, w: Worker, exc: Exception) -> None:
+        """A worker's call failed: a lost worker, a lost ps, its input ran out, or a passing error."""
+        clear_executor()
+        if self.control.stopping:
+            return
+        procs = self.cluster.procs
+        dead = self.params.dead_ps()
+        if dead is not None:
+            self.control.fail(self.ps_lost(dead))
+            return
+        if type(exc).__name__ == "OutOfRangeError" and self.run.model.input_dataset(
+            w.index, self.run.workers_n
+        ):
+            self.control.fail(
+                TrainingError(
+                    f"{w.task} has no training examples: input_fn({w.index}, {self.run.workers_n}) returned an "
+                    "empty Dataset; give every shard some examples (or train on fewer workers)"
+                )
+            )
+            return
+        proc = procs.get(w.task)
+        if proc is None:
+            return
+        if proc.alive and type(exc).__name__ in ("UnavailableError", "CancelledError"):
+            # The task may be dying right now; give the owner a moment to see it.
+            proc.wait_for(lambda: not proc.alive, 1.0)
+        if not proc.alive:
+            if not w.lost:
+                w.lost = True
+                self.history.add_event("lost", w.task, f"{type(exc).__name__}", step=self.run.step_now())
+            return
+        w.errors += 1
+        self.history.add_event(
+            "retry",
+            w.task,
+            f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}",
+            step=self.run.step_now(),
+        )
+        if "context_id" in str(exc) or "invalid device" in str(exc):
+            w.rebuild = True  # the connection was renewed under us
+        if w.errors > 20:
+            self.control.fail(
+                TrainingError(f"{w.task} keeps failing: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+            )
+        time.sleep(0.05)
+
+    def wait_rejoin(self, w: Worker) -> bool:
+        """Wait while ``w`` is lost; True once it can step again."""
+        with self.control.cond:
+            while w.lost and not self.control.stopping:
+                self.control.cond.wait(0.2)
+        if self.control.stopping:
+            return False
+        if w.rebuild:
+            try:
+                self.run.place(w)
+                self.history.add_event("rejoin", w.task, step=self.run.step_now())
+            except Exception as exc:  # noqa: BLE001
+                self.handle_error(w, exc)
+                return False
+        return True
+
+    def check_enough_workers(self, t: int, needed: int) -> None:
+        """Sync: raise when fewer than ``needed`` workers are left to aggregate step ``t``."""
+        alive = [w for w in self.workers.values() if not w.lost]
+        if len(alive) >= needed:
+            return
+        lost = [w.task for w in self.workers.values() if w.lost]
+        if self.config.backup_workers == 0:
+            raise TrainingError(
+                f"sync training needs all {self.run.workers_n} workers every step (backup_workers=0) and "
+                f"{', '.join(lost)} was lost at step {t}. Restart it (%tf_cluster restart {lost[0]}) and "
+                "resume(), or train with backup_workers=1 or mode='async'."
+            )
+        raise TrainingError(
+            f"sync training aggregates {needed} gradients per step but only {len(alive)} workers are left "
+            f"({', '.join(lost)} lost at step {t}); restart one and resume()."
+        )
+
+    def all_lost(self) -> bool:
+        return all(w.lost for w in self.workers.values())
+
+
+__all__ = ["FailurePolicy"]

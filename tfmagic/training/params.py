@@ -1,0 +1,108 @@
+"""The parameter store: the model's variables on the ps tasks, the global step, the optimizer's slots.
+
+Variables are spread round-robin over the ps tasks (``w0`` on ps:0, ``w1`` on
+ps:1, ...), the global step lives on ps:0, and each slot (momentum,
+Adagrad's accumulator) beside its weight.  A cluster without ps keeps them
+on worker:0.  Reads go to the ps only while it runs (see :meth:`ps_alive`):
+this process's first read after a ps died raises, the next ones wait for it
+for ever.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import client
+from ..spec import TaskName
+from .optimizers import Optimizer
+
+
+class ParameterStore:
+    """Where a run's shared state lives, and how it is read back."""
+
+    def __init__(self, cluster, optimizer: Optimizer, who: str) -> None:
+        self.cluster = cluster
+        self.optimizer = optimizer
+        self.who = who  # names this run's remote calls (see client.gate)
+        self.variables: list = []
+        self.global_step = None
+
+    @property
+    def ps_tasks(self) -> list[TaskName]:
+        shape = self.cluster.shape
+        return [TaskName("ps", i) for i in range(shape.ps)] if shape.ps else [TaskName("worker", 0)]
+
+    def place(self, weights: list[np.ndarray], step: int, slots: list[np.ndarray] | None = None) -> None:
+        """Create the variables (and slots, and the global step at ``step``) on the ps tasks."""
+        import tensorflow as tf
+
+        ps = self.ps_tasks
+        with client.gate.call(self.who):
+            self.variables = []
+            for i, value in enumerate(weights):
+                with tf.device(ps[i % len(ps)].device):
+                    self.variables.append(tf.Variable(value, name=f"w{i}"))
+            with tf.device(ps[0].device):
+                self.global_step = tf.Variable(step, dtype=tf.int64, name="global_step")
+            self.optimizer.create_slots(self.variables)
+            if slots:
+                self.optimizer.load_state(slots)
+
+    def ps_alive(self) -> bool:
+        """Whether every ps task runs (False once the cluster stopped: nothing to read then)."""
+        procs = self.cluster.procs
+        ps = [t for t in self.ps_tasks if t.job == "ps"]
+        return self.cluster.running and all(t in procs and procs[t].alive for t in ps)
+
+    def dead_ps(self) -> TaskName | None:
+        procs = self.cluster.procs
+        for t in self.ps_tasks:
+            if t.job == "ps" and (t not in procs or not procs[t].alive):
+                return t
+        return None
+
+    def snapshot(self, limit: int) -> tuple[list[np.ndarray], list[np.ndarray], int]:
+        """Weights, optimizer slots and the global step (at most ``limit``), read from the ps."""
+        if not self.ps_alive():
+            raise RuntimeError("a ps task is not running")
+        tensors = [*self.variables, *self.optimizer.slots, self.global_step]
+        with client.gate.call(self.who):
+            # One at a time, on purpose: asking for every copy first is one round trip instead
+            # of ten, but when the ps dies mid-read the copies still queued wait for it forever
+            # (measured: the run then never reported the lost ps).  One by one, the read that
+            # meets the dead ps fails and nothing else is waiting.
+            values = [t.numpy() for t in tensors]
+        n = len(self.variables)
+        # async calls after the last update still count the step up (and change nothing)
+        return values[:n], values[n:-1], min(int(values[-1]), limit)
+
+    def read_step(self) -> int | None:
+        """The global step as the ps holds it (None if it cannot be read now)."""
+        if not self.ps_alive():
+            return None
+        try:
+            with client.gate.call(self.who):
+                return int(self.global_step.numpy())
+        except Exception:  # noqa: BLE001 - a task coming or going; the next check will tell
+            clear_executor()
+            return None
+
+    def weights(self) -> list[np.ndarray]:
+        """The current weights, read from the ps tasks."""
+        with client.gate.call(self.who):
+            return [v.numpy() for v in self.variables]
+
+
+def clear_executor(ex=None) -> None:
+    """Forget a failed call's error, so the executor can be used (and deleted) quietly."""
+    from tensorflow.python.eager import context
+
+    ex = ex or context.context().executor
+    try:
+        ex.wait()
+    except Exception:  # noqa: BLE001 - the error was already handled where it happened
+        pass
+    try:
+        ex.clear_error()
+    except Exception:  # noqa: BLE001
+        pass

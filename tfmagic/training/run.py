@@ -1,0 +1,337 @@
+"""A training run's life: set up, train (sync or async), checkpoint, evaluate, end, resume.
+
+The parts, each in its own module: the settings (:mod:`.config`), where the
+variables live (:mod:`.params`), what runs on each worker (:mod:`.steps`),
+the two algorithms (:mod:`.sync`, :mod:`.asynchronous`), what failures mean
+(:mod:`.failures`) and checkpoints (:mod:`.checkpoints`).  This module only
+puts them together and keeps the thread that runs them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from .. import client, events
+from ..errors import TrainingError
+from ..metrics import History
+from ..spec import TaskName
+from .checkpoints import Checkpoints
+from .config import RunConfig
+from .control import Control
+from .failures import FailurePolicy
+from .models import Model, resolve
+from .optimizers import Optimizer
+from .params import ParameterStore, clear_executor
+from .steps import Worker, own_executor, place_worker
+
+#: how long ``stop()`` waits for the run's calls before it leaves them behind
+STOP_WAIT = 2.0
+
+
+class TrainingRun:
+    """One training run on a cluster; :func:`tfmagic.train` makes and starts it.
+
+    ``history`` grows while it runs; ``wait()`` returns it when done;
+    ``stop()`` ends it within two seconds, whatever the tasks do;
+    ``resume()`` continues a run that stopped (for example after its ps was
+    lost and restarted) from its last checkpoint.
+    """
+
+    def __init__(
+        self, cluster, mode: str = "sync", model="linear", initial_weights: list | None = None, **kwargs
+    ) -> None:
+        if cluster is None or not cluster.running:
+            raise TrainingError(
+                "the cluster is not running; start it first (cluster.start() or %tf_cluster start)"
+            )
+        self.cluster = cluster
+        self.workers_n = cluster.shape.workers
+        self.config = RunConfig.checked(self.workers_n, mode=mode, **kwargs)
+        try:
+            self.model: Model = resolve(model)
+        except (ValueError, TypeError) as exc:
+            raise TrainingError(str(exc)) from None
+        self.name = self.config.name
+        self.who = f"training run {self.name} ({id(self):x})"
+        self.initial_weights = initial_weights
+        self.history = History(
+            self.mode, run=self.name, workers=[TaskName("worker", i) for i in range(self.workers_n)]
+        )
+        self.history.final_loss_label = self.model.eval_label
+        c = self.config
+        self.history.config = {
+            "mode": c.mode,
+            "model": self.model.name,
+            "steps": c.steps,
+            "lr": c.lr,
+            "batch_size": c.batch_size,
+            "backup_workers": c.backup_workers,
+            "optimizer": c.optimizer,
+            "workers": self.workers_n,
+            "ps": cluster.shape.ps,
+        }
+        self.control = Control()
+        self.params = ParameterStore(cluster, Optimizer(c.optimizer, c.lr), self.who)
+        self.checkpoints = Checkpoints(c.checkpoint_dir, self.name, c.checkpoint_every)
+        self.policy = FailurePolicy(self, self.control, self.history, self.params)
+        self.error: TrainingError | None = None
+        self.dashboard = None
+        self.final_weights: list | None = None
+        self.final_state: list | None = None
+        self._thread: threading.Thread | None = None
+        self._start_step = 0
+        self._slots: list | None = None
+        self._writer = None
+
+    # -- what it was asked -----------------------------------------------------
+    @property
+    def mode(self) -> str:
+        return self.config.mode
+
+    @property
+    def steps(self) -> int:
+        return self.config.steps
+
+    @property
+    def variables(self) -> list:
+        """The model's variables, on the ps tasks."""
+        return self.params.variables
+
+    # -- control -------------------------------------------------------------
+    def start(self) -> TrainingRun:
+        self._thread = threading.Thread(target=self._main, name=f"tfmagic-train-{self.name}", daemon=True)
+        self._thread.start()
+        events.started.publish(self)
+        return self
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._abandoned
+
+    _abandoned = False
+
+    def wait(self, timeout: float | None = None, raise_error: bool = True) -> History:
+        """Block until training ends; raises :class:`TrainingError` if it failed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.running:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise TimeoutError(f"training {self.name} still running after {timeout:g} s")
+            self._thread.join(0.1 if remaining is None else min(remaining, 0.1))
+        if self.error is not None and raise_error:
+            raise self.error
+        return self.history
+
+    def stop(self, wait: bool = True) -> History:
+        """End training now; returns within two seconds whatever the tasks do.
+
+        The steps under way finish (or, when a task does not answer, are left
+        behind: the run then says which and ends anyway).
+        """
+        self.control.stop()
+        if not wait or self._thread is None:
+            return self.history
+        self._thread.join(STOP_WAIT)
+        if self._thread.is_alive():
+            waiting = [w for w, _s in client.gate.in_flight() if w == self.who]
+            client.gate.drop(self.who)
+            self._abandoned = True
+            stuck = self._unresponsive()
+            self.error = TrainingError(
+                f"stopped; {len(waiting) or 'its'} remote call(s) did not return within {STOP_WAIT:g} s"
+                + (f" ({', '.join(stuck)} does not answer: stopped or hung)" if stuck else "")
+                + " and were left behind; cluster.why() says what they wait on"
+            )
+            self.history.error = str(self.error)
+            self.history.ended_at = time.time()
+        return self.history
+
+    def _unresponsive(self) -> list[str]:
+        out = []
+        for task, proc in self.cluster.procs.items():
+            stats = self.cluster.launcher.stats(proc, memory=False) if proc.alive else None
+            if (
+                proc.alive
+                and (not stats or stats.get("run_state") == "stopped")
+                and task not in self.cluster.slowness
+            ):
+                out.append(task)
+        return out
+
+    def resume(self, block: bool = True) -> TrainingRun:
+        """Continue from the last checkpoint, e.g. after a lost ps was restarted.
+
+        Updates made after that checkpoint are lost with the ps; the history
+        marks them as rolled back and counts every step once.
+        """
+        if self.running:
+            raise TrainingError(f"training {self.name} is still running; stop() it first")
+        if self.checkpoints.last() is None:
+            raise TrainingError(f"training {self.name} has no checkpoint yet; start a new run instead")
+        self.initial_weights, self._slots, self._start_step = self.checkpoints.load()
+        self.error = None
+        self._abandoned = False
+        self.control.reset()
+        self.history.error = None
+        self.history.ended_at = None
+        undone = self.history.rollback(self._start_step)
+        if undone:
+            self.history.add_event(
+                "rollback",
+                detail=f"{undone} updates after step {self._start_step} were lost with the ps",
+                step=self._start_step,
+            )
+        self.history.add_event(
+            "resume", detail=f"from checkpoint at step {self._start_step}", step=self._start_step
+        )
+        self.start()
+        if block:
+            self.wait()
+        return self
+
+    def last_checkpoint(self):
+        return self.checkpoints.last()
+
+    def __repr__(self) -> str:
+        if self.running:
+            state = "training"
+        elif self.error is not None:
+            state = f"stopped: {self.error}"
+        elif self.control.reason:
+            state = self.control.reason
+        else:
+            state = "done" if self._thread is not None else "not started"
+        return f"<TrainingRun {self.name} ({self.mode}): {state}, {self.history.steps}/{self.steps} updates>"
+
+    def _repr_pretty_(self, p, cycle) -> None:
+        p.text(repr(self) + "\n" + self.history.summary())
+
+    # -- main ----------------------------------------------------------------
+    def _main(self) -> None:
+        with own_executor():
+            self._main_body()
+
+    def _main_body(self) -> None:
+        from .asynchronous import AsyncLoop
+        from .sync import SyncLoop
+
+        following = self.cluster.events.subscribe(self.policy.on_cluster_event)
+        try:
+            self._setup()
+            self.history.started_at = time.time()
+            if self.mode == "sync":
+                SyncLoop(self).run(self._start_step, self.steps)
+            else:
+                AsyncLoop(self).run()
+            if self.control.fatal is not None:
+                raise self.control.fatal
+            if self.control.reason:  # the cluster went away under the run
+                raise TrainingError(f"training {self.control.reason}")
+            self.checkpoint(force=True)
+            self._evaluate()
+        except TrainingError as exc:
+            self._end(exc)
+        except Exception as exc:  # noqa: BLE001 - turned into a TrainingError with evidence
+            self._end(
+                self.control.fatal
+                or (
+                    TrainingError(f"training {self.control.reason}")
+                    if self.control.reason
+                    else self.policy.explain(exc)
+                )
+            )
+        finally:
+            self.control.stop()
+            for w in self.policy.workers.values():
+                if w.thread is not None:
+                    w.thread.join(2 if self.control.reason else 30)
+            following.close()
+            if not self._abandoned:
+                if self.error is not None:
+                    self.history.error = str(self.error)
+                    self.history.add_event("error", detail=str(self.error))
+                self.history.ended_at = time.time()
+            if self._writer is not None:
+                self._writer.close()
+
+    def _end(self, error: TrainingError) -> None:
+        if not self._abandoned:
+            self.error = error
+
+    # -- the parts -------------------------------------------------------------
+    def step_now(self) -> int:
+        """The latest global step this run knows of."""
+        last = self.history.global_steps[-1].step if self.history.global_steps else 0
+        return max(last, self._start_step)
+
+    def _setup(self) -> None:
+        self.cluster.connect()
+        init = self.initial_weights or self.model.initial_weights(self.config.seed)
+        self.params.place(init, self._start_step, self._slots)
+        self.policy.workers = {}
+        for i in range(self.workers_n):
+            w = Worker(TaskName("worker", i), i)
+            self.policy.workers[w.task] = w
+            if self.cluster.procs[w.task].alive:
+                self.place(w)
+            else:
+                w.lost = True
+        if self.config.logdir is not None and self._writer is None:
+            from .tensorboard import SummaryWriterThread
+
+            self._writer = SummaryWriterThread(self.config.logdir / self.name, self.history)
+        self.history.add_event(
+            "start", detail=f"{self.mode}, {self.workers_n} workers", step=self._start_step
+        )
+
+    def place(self, w: Worker) -> None:
+        place_worker(
+            w,
+            mode=self.mode,
+            model=self.model,
+            params=self.params,
+            batch=self.config.batch_size,
+            workers=self.workers_n,
+            limit=self.steps,
+            who=self.who,
+        )
+
+    def checkpoint(self, force: bool = False) -> None:
+        self.checkpoints.maybe_save(self.params, self.step_now(), self._start_step, self.steps, force=force)
+        if self.checkpoints.last() is not None:
+            self.history.checkpoint = str(self.checkpoints.path)
+
+    def weights(self) -> list[np.ndarray]:
+        """The current weights, read from the ps tasks."""
+        return self.params.weights()
+
+    def _worker_state(self) -> list[np.ndarray] | None:
+        """The first running worker's non-trainable values (None: the model's initial ones)."""
+        for w in self.policy.workers.values():
+            proc = self.cluster.procs.get(w.task)
+            if w.state and not w.lost and proc is not None and proc.alive:
+                try:
+                    with client.gate.call(self.who):
+                        return [v.numpy() for v in w.state]
+                except Exception:  # noqa: BLE001 - a worker lost at the very end: try the next
+                    clear_executor()
+        return None
+
+    def _evaluate(self) -> None:
+        import tensorflow as tf
+
+        weights = self.weights()
+        data = self.model.data
+        state = self._worker_state()
+        with tf.device("/job:localhost/replica:0/task:0/device:CPU:0"):
+            w = [tf.constant(a) for a in weights]
+            st = None if state is None else [tf.constant(a) for a in state]
+            x, y = tf.constant(data.x_test), tf.constant(data.y_test)
+            self.history.final_loss = float(self.model.loss(w, x, y, state=st))
+            if self.model.classifier:
+                self.history.final_accuracy = float(self.model.accuracy(w, x, y, state=st))
+        self.final_weights = weights
+        self.final_state = state  # the first running worker's non-trainable values (None: none)
