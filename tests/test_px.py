@@ -155,8 +155,12 @@ def test_a_stranger_cannot_get_code_run(px_cluster, tmp_path):
             if c.status == psutil.CONN_LISTEN
         }
         assert ports == {int(px_cluster.address(task).rsplit(":", 1)[1])}, "only TF's own port listens"
-        fd0 = os.readlink(f"/proc/{proc.pid}/fd/0")
-        assert fd0.startswith("pipe:"), fd0
+        # the code arrives on a pipe whose only write end this process holds (not fd 0: cells
+        # and their children get /dev/null there, so they cannot read the channel)
+        assert os.readlink(f"/proc/{proc.pid}/fd/0") == "/dev/null"
+        ours = os.readlink(f"/proc/self/fd/{proc._to_task.fileno()}")
+        theirs = {os.readlink(f"/proc/{proc.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{proc.pid}/fd")}
+        assert ours.startswith("pipe:") and ours in theirs, (ours, theirs)
         # a stranger speaking our protocol to the one open port gets nowhere
         with socket.create_connection(("127.0.0.1", min(ports)), timeout=5) as s:
             s.sendall(

@@ -5,7 +5,9 @@ easy to test.  A task is written ``worker:1`` to people and
 ``/job:worker/task:1`` to TensorFlow; both are accepted everywhere.
 
 >>> TaskName.parse("/job:worker/task:1")
-TaskName(job='worker', index=1)
+'worker:1'
+>>> TaskName.parse("/job:worker/task:1").index
+1
 >>> str(TaskName.parse("ps:0")), TaskName.parse("ps:0").device
 ('ps:0', '/job:ps/replica:0/task:0')
 """
@@ -109,8 +111,8 @@ class TaskName(str):
     def __str__(self) -> str:
         return str.__str__(self)
 
-    def __repr__(self) -> str:
-        return f"TaskName(job={self.job!r}, index={self.index})"
+    # repr is the text's, so a dict of tasks prints as {'worker:1': ...} wherever users see one
+    __repr__ = str.__repr__
 
 
 def _job_sort_key(job: str) -> tuple[int, str]:

@@ -112,15 +112,10 @@ class ClusterMagics(Magics):
             raise UsageError(f"unknown backend {args.backend!r}; use one of {', '.join(BACKENDS)}")
         if backend == "ssh" and not args.hosts:
             raise UsageError("--backend ssh needs --hosts, e.g. --hosts node1,node2 (names your ssh knows)")
-        for flag, given, owner_backend in (
-            ("--hosts", args.hosts, "ssh"),
-            ("--python", args.python, "ssh"),
-            ("--ssh-config", args.ssh_config, "ssh"),
-            ("--tunnel", args.tunnel, "ssh"),
-            ("--master", args.master, "spark"),
-        ):
-            if given and backend != owner_backend:
-                raise UsageError(f"{flag} is for --backend {owner_backend}")
+        if backend != "ssh" and (args.hosts or args.python or args.ssh_config or args.tunnel):
+            raise UsageError("--hosts, --python, --ssh-config and --tunnel are for --backend ssh")
+        if backend != "spark" and args.master:
+            raise UsageError("--master is for --backend spark, e.g. --backend spark --master local[3]")
         request = ClusterRequest(
             ps=(0 if args.collective else 1) if args.ps is None else args.ps,
             workers=2 if args.workers is None else args.workers,
@@ -300,7 +295,7 @@ class ClusterMagics(Magics):
         try:
             cluster.slow(task, args.factor)
         except ValueError as exc:
-            raise UsageError(f"--factor {args.factor:g}: {exc}".replace("factor must be", "give")) from None
+            raise UsageError(f"--{exc}") from None
         if args.factor > 1:
             print(
                 f"{task} now runs at 1/{args.factor:g} speed; %tf_cluster slow {task} --factor 1 restores it."

@@ -25,8 +25,10 @@ from IPython.core.magic_arguments import MagicArgumentParser
 
 def count(text: str) -> int:
     """A whole number >= 0 (ASCII digits)."""
+    if text.startswith("-") and text[1:].isascii() and text[1:].isdigit():
+        raise argparse.ArgumentTypeError(f"{text} is too small; give 0 or more")
     if not (text.isascii() and text.isdigit()):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0; give a count such as 2")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; give a count such as 2")
     return int(text)
 
 
