@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import queue
 import socket
 import time
 
@@ -90,7 +91,7 @@ def test_output_streams_live_and_in_order_per_task(px_cluster):
     while not r.done or not r.events.empty():
         try:
             task, kind, payload = r.events.get(timeout=0.2)
-        except Exception:
+        except queue.Empty:
             continue
         if kind == "stream":
             first_at = first_at or time.monotonic() - t0

@@ -84,3 +84,21 @@ class TrainingError(TfmagicError):
 
 class ClientBusy(TfmagicError):
     """The connection cannot change now: remote calls (or an earlier change) still wait on a task."""
+
+
+class TaskHasNoInput(TfmagicError, RuntimeError):
+    """A ``%%tf_px`` cell tried to read input: a task process has no keyboard."""
+
+
+class ShownAbove(TfmagicError):
+    """A cell failed and its own error was already shown above it (a magic then adds one line).
+
+    IPython shows ``_render_traceback_`` instead of a traceback wall.
+    """
+
+    def __init__(self, note: str):
+        super().__init__(note)
+        self.note = note
+
+    def _render_traceback_(self) -> list[str]:
+        return [self.note]

@@ -124,7 +124,7 @@ class Topic(Generic[T]):
         for sub in subs:
             try:
                 sub.callback(item)
-            except Exception:  # noqa: BLE001 - a broken follower must not break the publisher
+            except Exception:
                 log.debug("a subscriber of %s failed on %r", self.name, item, exc_info=True)
 
     def _remove(self, sub: Subscription) -> None:

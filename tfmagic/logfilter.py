@@ -270,7 +270,7 @@ class NativeLogFilter:
     def _run(self) -> None:
         try:
             self._pump()
-        except Exception as exc:  # never leave fd 2 a pipe that nobody reads
+        except Exception as exc:  # noqa: BLE001 - never leave fd 2 a pipe that nobody reads
             self.error = exc
             self._restore_fd2()
             if self._pending:

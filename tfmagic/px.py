@@ -160,7 +160,7 @@ class PxRun:
                 if msg.get("status") == "ok":
                     if msg.get("pickle"):
                         try:
-                            outcome.result = pickle.loads(base64.b64decode(msg["pickle"]))  # noqa: S301 - our own task
+                            outcome.result = pickle.loads(base64.b64decode(msg["pickle"]))
                         except Exception:  # noqa: BLE001 - e.g. a class only the task knows
                             outcome.result = msg.get("repr")
                     outcome.result_repr = msg.get("repr")

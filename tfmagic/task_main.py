@@ -55,6 +55,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from . import protocol
+from .errors import TaskHasNoInput
 
 
 class TaskRuntime:
@@ -144,7 +145,7 @@ class TaskRuntime:
             if urgent is not None:
                 try:
                     urgent(msg)  # handled on this thread, even while a cell runs
-                except Exception as exc:  # this thread must keep reading: it alone sees the owner go
+                except Exception as exc:  # noqa: BLE001 - this thread must keep reading: it alone sees the owner go
                     traceback.print_exc(file=sys.__stderr__)  # the log, not the running cell
                     self.send("error", id=msg.get("id"), message=f"{type(exc).__name__}: {exc}")
             else:
@@ -158,7 +159,7 @@ class TaskRuntime:
             if tick % 4 == 0:
                 try:
                     self._reap_adopted()
-                except Exception:  # this thread must keep watching the parent
+                except Exception:  # noqa: BLE001 - this thread must keep watching the parent
                     traceback.print_exc(file=sys.__stderr__)
 
     def _reap_adopted(self) -> None:
@@ -243,7 +244,7 @@ class TaskRuntime:
         try:
             addresses = [[host, port] for host, port in listening_addresses(os.getpid())]
             self.send("listening", id=msg.get("id"), pid=os.getpid(), addresses=addresses)
-        except Exception as exc:  # the owner must not wait for an answer that never comes
+        except Exception as exc:  # noqa: BLE001 - the owner must not wait for an answer that never comes
             self.send("listening", id=msg.get("id"), pid=os.getpid(), addresses=None, error=repr(exc))
 
     def urgent_stacks(self, msg: dict[str, Any]) -> None:
@@ -376,9 +377,9 @@ class TaskRuntime:
             last = None
             if tree.body and isinstance(tree.body[-1], ast.Expr):
                 last = ast.Expression(tree.body.pop().value)
-            exec(compile(tree, filename, "exec"), ns)  # noqa: S102 - the owner's own cell
+            exec(compile(tree, filename, "exec"), ns)
             if last is not None:
-                value = eval(compile(last, filename, "eval"), ns)  # noqa: S307
+                value = eval(compile(last, filename, "eval"), ns)
                 if value is not None:
                     reply["repr"] = repr(value)[:10000]
                     try:
@@ -523,10 +524,6 @@ class _CollectiveServer:
         return f"<collective-mode server {self.target}>"
 
 
-class TaskHasNoInput(RuntimeError):
-    """A ``%%tf_px`` cell tried to read input: a task process has no keyboard."""
-
-
 class _NoInput:
     """``sys.stdin`` of a task: reading it fails with a one-line error saying why.
 
@@ -631,7 +628,7 @@ def end_now(reason: str, code: int = 1) -> NoReturn:
     try:
         os.set_blocking(2, False)
         os.write(2, f"tfmagic task {os.getpid()}: exiting: {reason}\n".encode(errors="replace"))
-    except Exception:  # a full or closed log must not keep us alive
+    except Exception:  # noqa: BLE001 - a full or closed log must not keep us alive
         pass
     kill_descendants()
     if _guard_tmpdir:
@@ -825,7 +822,7 @@ def _tune_monitored_session(tf) -> None:
     wait = float(os.environ.get("TFMAGIC_RECOVERY_WAIT_SECS", "1"))
 
     @functools.wraps(original)
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, **kwargs):  # noqa: N807 - it replaces SessionManager.__init__
         if len(args) < 5:  # recovery_wait_secs is the 5th parameter after self
             kwargs.setdefault("recovery_wait_secs", wait)
         original(self, *args, **kwargs)

@@ -168,7 +168,7 @@ def run_program(argv, server):
             return exc.code or 0
         print(exc.code, file=sys.stderr)
         return 1
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - the program's own error, shown, becomes the exit code
         traceback.print_exc()
         return 1
 

@@ -24,6 +24,7 @@ import enum
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from ..events import Topic
+from ..logs import read_tail
 from ..spec import ClusterDef, TaskName
 
 
@@ -150,8 +151,6 @@ class Launcher(abc.ABC):
 
     def read_log(self, proc: TaskHandle, tail: int | None = None) -> str:
         """The last ``tail`` lines of the task's log (all of it for ``None``)."""
-        from .process import read_tail
-
         return read_tail(proc.log_path, tail)
 
     def task_log(self, log_path: str) -> str | None:

@@ -1,7 +1,6 @@
 """Process plumbing shared by the launchers that start child processes here (local, SSH).
 
 * :data:`TASK_ENV`: the environment every task process gets;
-* :func:`read_tail`: the end of a log file;
 * :class:`PopenLauncher`: the bookkeeping of child processes (start, kill
   with everything they started, wait, read their log), which
   :class:`~tfmagic.launchers.local.LocalLauncher` and
@@ -20,8 +19,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from ..logs import read_tail
 from .base import Launcher, TaskHandle
 from .channel import TaskProcess
+
+__all__ = ["PACKAGE_PARENT", "TASK_ENV", "PopenLauncher", "kill_tree", "read_tail", "spawn"]
 
 #: The directory holding the ``tfmagic`` package: put on a task's PYTHONPATH, so a
 #: checkout that is not installed runs the same code in its tasks.
@@ -35,28 +37,6 @@ TASK_ENV: dict[str, str | None] = {
     "PYTHONUNBUFFERED": "1",
     "TF_CONFIG": None,
 }
-
-
-def read_tail(path: str, tail: int | None) -> str:
-    """The last ``tail`` lines of a text file (all of it for ``None``; ``""`` if it is missing)."""
-    try:
-        with open(path, "rb") as f:
-            if tail is None:
-                data = f.read()
-            else:
-                f.seek(0, os.SEEK_END)
-                size = f.tell()
-                block, data = 8192, b""
-                while size > 0 and data.count(b"\n") <= tail:
-                    step = min(block, size)
-                    size -= step
-                    f.seek(size)
-                    data = f.read(step) + data
-                    block *= 2
-                data = b"\n".join(data.splitlines()[-tail:]) if tail else b""
-    except (FileNotFoundError, IsADirectoryError):
-        return ""
-    return data.decode("utf-8", "replace")
 
 
 class _Spawner:

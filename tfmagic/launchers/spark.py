@@ -140,7 +140,7 @@ _shared: _Context | None = None
 
 def _import_pyspark():
     try:
-        import pyspark  # noqa: F401
+        import pyspark
     except ImportError:
         raise ClusterStartError(
             f"the Spark backend needs pyspark, which is not installed here: {INSTALL_HINT}"

@@ -250,7 +250,7 @@ class ClusterMagics(Magics):
         if not args.task:
             raise UsageError("logs needs a task, for example: %tf_cluster logs worker:1 --tail 20")
         if args.task in ("kernel", "client"):
-            from ..launchers.process import read_tail
+            from ..logs import read_tail
 
             path = owner.runtime_dir() / "kernel-native.log"
             print(read_tail(str(path), args.tail or None) or f"(nothing logged yet in {path})")

@@ -13,6 +13,7 @@ import re
 import time
 
 from ..cluster import Cluster, StartOutcome
+from ..errors import ShownAbove
 from ..procstats import human_seconds
 from ..spec import TaskName
 
@@ -36,17 +37,6 @@ def as_magic(message: str) -> str:
     for pattern, replacement in _MAGIC_FORMS:
         message = pattern.sub(replacement, message)
     return message
-
-
-class ShownAbove(Exception):
-    """Marks a cell as failed whose own error was already shown above it."""
-
-    def __init__(self, note: str):
-        super().__init__(note)
-        self.note = note
-
-    def _render_traceback_(self) -> list[str]:
-        return [self.note]
 
 
 class Cleared:

@@ -125,7 +125,7 @@ class SyncLoop:
                 with client.gate.call(self.training.who), tf.device(self.params.ps_tasks[0].device):
                     self.apply([r.grads for r in collected]).numpy()
                 return collected
-            except Exception:  # noqa: BLE001 - a worker (or the ps) died since it answered
+            except Exception:
                 clear_executor()
                 if self.control.stopping:
                     return None

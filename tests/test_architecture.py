@@ -1,0 +1,185 @@
+"""The code's shape, checked: no import cycles, launchers keep the contract, errors live in one place.
+
+The layers themselves are checked by ``lint-imports`` (pyproject.toml, run by
+.ci/run); these tests add what import-linter does not say.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+PACKAGE = Path(__file__).resolve().parents[1] / "tfmagic"
+
+
+def _cycles() -> list[list[str]]:
+    """Strongly connected groups of modules that import each other (TYPE_CHECKING imports aside)."""
+    import sys
+
+    import grimp
+
+    graph = grimp.build_graph("tfmagic", exclude_type_checking_imports=True)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+    counter = [0]
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10000))
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.find_modules_directly_imported_by(v):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for module in sorted(graph.modules):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_no_import_cycles():
+    assert _cycles() == []
+
+
+def _launchers():
+    from tfmagic.launchers.attached import AttachedLauncher
+    from tfmagic.launchers.base import Launcher
+    from tfmagic.launchers.local import LocalLauncher
+    from tfmagic.launchers.spark import SparkLauncher
+    from tfmagic.launchers.ssh import SSHLauncher
+
+    return Launcher, [LocalLauncher, SSHLauncher, SparkLauncher, AttachedLauncher]
+
+
+def _compatible(base: inspect.Signature, derived: inspect.Signature) -> str | None:
+    """Why ``derived`` cannot stand where ``base`` is called (None: it can)."""
+    bparams = list(base.parameters.values())
+    dparams = list(derived.parameters.values())
+    for i, b in enumerate(bparams):
+        if b.kind in (b.VAR_POSITIONAL, b.VAR_KEYWORD):
+            continue
+        match = next((d for d in dparams if d.name == b.name), None)
+        if match is None:
+            if any(d.kind is d.VAR_KEYWORD for d in dparams):
+                continue
+            return f"has no parameter {b.name!r}"
+        if b.kind in (b.POSITIONAL_ONLY, b.POSITIONAL_OR_KEYWORD) and dparams.index(match) != i:
+            return f"takes {b.name!r} at position {dparams.index(match)}, not {i}"
+        if b.default is not b.empty and match.default is match.empty:
+            return f"needs {b.name!r}, which callers may leave out"
+    for d in dparams:
+        if d.default is d.empty and d.kind not in (d.VAR_POSITIONAL, d.VAR_KEYWORD):
+            if d.name not in base.parameters:
+                return f"needs {d.name!r}, which callers never pass"
+    return None
+
+
+@pytest.mark.parametrize("name", ["local", "ssh", "spark", "attached"])
+def test_every_launcher_keeps_the_contract(name):
+    """Each override takes what the base's callers pass (AttachedLauncher.stats(proc) without
+    ``memory`` made the dashboard on an attached cluster fail silently)."""
+    base, launchers = _launchers()
+    cls = {c.name: c for c in launchers}[name]
+    for attr, member in vars(base).items():
+        if attr.startswith("_") or not callable(member):
+            continue
+        for klass in cls.__mro__:
+            if klass is base:
+                break
+            if attr in vars(klass) and callable(vars(klass)[attr]):
+                why = _compatible(inspect.signature(member), inspect.signature(vars(klass)[attr]))
+                assert why is None, f"{klass.__name__}.{attr} {why}"
+    assert not getattr(cls, "__abstractmethods__", None), f"{cls.__name__} leaves abstract {cls.__abstractmethods__}"
+
+
+def test_task_handles_have_every_member_of_the_protocol():
+    from tfmagic.launchers.attached import AttachedTask
+    from tfmagic.launchers.base import TaskHandle
+    from tfmagic.launchers.channel import TaskProcess
+
+    members = [m for m in [*TaskHandle.__annotations__, *vars(TaskHandle)] if not m.startswith("_")]
+    for cls in (TaskProcess, AttachedTask):
+        for m in members:
+            proto = getattr(TaskHandle, m, None)
+            if callable(proto) and not isinstance(proto, property):
+                impl = getattr(cls, m, None)
+                assert callable(impl), f"{cls.__name__} lacks {m}()"
+                why = _compatible(inspect.signature(proto), inspect.signature(impl))
+                assert why is None, f"{cls.__name__}.{m} {why}"
+        for m in members:
+            assert hasattr(cls, m) or m in getattr(cls, "__annotations__", {}) or m in _init_attrs(cls), (
+                f"{cls.__name__} lacks {m}"
+            )
+    assert isinstance(AttachedTask("127.0.0.1:1"), TaskHandle)
+
+
+def _init_attrs(cls) -> set[str]:
+    """Attributes ``__init__`` sets on ``self``."""
+    tree = ast.parse(inspect.getsource(cls))
+    return {
+        t.attr
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Assign, ast.AnnAssign))
+        for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(t, ast.Attribute) and getattr(t.value, "id", "") == "self"
+    }
+
+
+def test_every_exception_is_in_errors_py():
+    """One place to find what tfmagic raises (private helpers aside)."""
+    strays = []
+    for path in PACKAGE.rglob("*.py"):
+        if path.name == "errors.py" and path.parent == PACKAGE:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                bases = {getattr(b, "id", getattr(b, "attr", "")) for b in node.bases}
+                if any(b.endswith(("Error", "Exception")) or b in ("TfmagicError",) for b in bases):
+                    strays.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name}")
+    # the exported task program runs where tfmagic is not installed: its own errors stay in it
+    strays = [s for s in strays if not s.startswith("tfmagic/export/launch.py")]
+    assert strays == []
+
+
+def test_nothing_below_the_magics_imports_ipython():
+    """`import tfmagic` and the API work in a script without IPython's display machinery."""
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE)
+        if rel.parts[0] in ("magics",) or rel.name in ("__init__.py",) and rel.parent == Path("."):
+            continue
+        if rel.name == "dashboard.py":  # the widget layer: ipywidgets and IPython.display, lazily
+            continue
+        tree = ast.parse(path.read_text())
+        for node in tree.body:  # module level only: lazy imports inside functions are the point
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            if any(n.split(".")[0] in ("IPython", "ipywidgets", "tensorflow") for n in names):
+                offenders.append(f"{rel}: {names}")
+    assert offenders == []
