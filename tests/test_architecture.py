@@ -91,9 +91,9 @@ def _compatible(base: inspect.Signature, derived: inspect.Signature) -> str | No
         if b.default is not b.empty and match.default is match.empty:
             return f"needs {b.name!r}, which callers may leave out"
     for d in dparams:
-        if d.default is d.empty and d.kind not in (d.VAR_POSITIONAL, d.VAR_KEYWORD):
-            if d.name not in base.parameters:
-                return f"needs {d.name!r}, which callers never pass"
+        required = d.default is d.empty and d.kind not in (d.VAR_POSITIONAL, d.VAR_KEYWORD)
+        if required and d.name not in base.parameters:
+            return f"needs {d.name!r}, which callers never pass"
     return None
 
 
@@ -112,7 +112,9 @@ def test_every_launcher_keeps_the_contract(name):
             if attr in vars(klass) and callable(vars(klass)[attr]):
                 why = _compatible(inspect.signature(member), inspect.signature(vars(klass)[attr]))
                 assert why is None, f"{klass.__name__}.{attr} {why}"
-    assert not getattr(cls, "__abstractmethods__", None), f"{cls.__name__} leaves abstract {cls.__abstractmethods__}"
+    assert not getattr(cls, "__abstractmethods__", None), (
+        f"{cls.__name__} leaves abstract {cls.__abstractmethods__}"
+    )
 
 
 def test_task_handles_have_every_member_of_the_protocol():

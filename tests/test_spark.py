@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -115,8 +116,8 @@ def test_missing_pyspark_says_what_to_install(monkeypatch):
 
 @pytest.mark.unit
 def test_too_few_local_slots_fail_before_spark_starts():
+    from tfmagic import SparkCluster
     from tfmagic.errors import ClusterStartError
-    from tfmagic.launchers.spark import SparkCluster
 
     cluster = SparkCluster("local[2]", ps=1, workers=2)
     with pytest.raises(ClusterStartError, match=r"local\[2\] has 2 task slots.*use master='local\[3\]'"):
@@ -128,12 +129,12 @@ def test_too_few_local_slots_fail_before_spark_starts():
 def test_handshake_admits_only_the_secret_and_each_slot_once(tmp_path):
     """The listener's authentication, without Spark: the relay's own client code."""
     from tfmagic.launchers import spark_task
-    from tfmagic.launchers.spark import SparkLauncher, _Batch, _Slot
+    from tfmagic.launchers.spark import Batch, Slot, SparkLauncher
 
     launcher = SparkLauncher("local[1]")
     host, port = launcher._listen()
-    batch = _Batch(id="b1", group="g", description="d", barrier=True)
-    batch.slots = [_Slot(batch, 0, str(tmp_path / "worker-0.log"))]
+    batch = Batch(id="b1", group="g", description="d", barrier=True)
+    batch.slots = [Slot(batch, 0, str(tmp_path / "worker-0.log"))]
     launcher._batches["b1"] = batch
     good = {"host": host, "port": port, "secret": launcher._secret.hex(), "batch": "b1"}
     hello = {"batch": "b1", "slot": 0, "relay_pid": 1234, "channel": "control"}
@@ -172,6 +173,71 @@ def test_handshake_admits_only_the_secret_and_each_slot_once(tmp_path):
         launcher.close()
 
 
+@pytest.mark.unit
+def test_silent_strangers_cost_a_bounded_number_of_threads_and_a_relay_still_gets_in(tmp_path, capfd):
+    """200 connections that never speak: at most MAX_HANDSHAKES threads for at most
+    HANDSHAKE_SECONDS, the rest closed at once; all counted, nothing printed; a relay that
+    arrives while strangers hold every handshake tries again and gets in."""
+    from tfmagic.launchers import spark_task
+    from tfmagic.launchers.spark import HANDSHAKE_SECONDS, MAX_HANDSHAKES, Batch, Slot, SparkLauncher
+
+    launcher = SparkLauncher("local[1]")
+    host, port = launcher._listen()
+    batch = Batch(id="b1", group="g", description="d", barrier=True)
+    batch.slots = [Slot(batch, 0, str(tmp_path / "worker-0.log"))]
+    launcher._batches["b1"] = batch
+    good = {"host": host, "port": port, "secret": launcher._secret.hex(), "batch": "b1"}
+    hello = {"batch": "b1", "slot": 0, "relay_pid": 1234, "channel": "control"}
+    capfd.readouterr()
+    me = psutil.Process()
+    threads_before, os_threads_before = threading.active_count(), me.num_threads()
+    strangers: list[socket.socket] = []
+    sock = None
+    try:
+        t0 = time.monotonic()
+        strangers = [socket.create_connection((host, port), timeout=5) for _ in range(200)]
+        peak, os_peak = threading.active_count(), me.num_threads()
+        poll_for(
+            lambda: launcher.refused_count >= 200 - MAX_HANDSHAKES, 5, what="the strangers beyond the bound"
+        )
+        peak, os_peak = max(peak, threading.active_count()), max(os_peak, me.num_threads())
+        # Every handshake is held by a stranger now: the relay is turned away and tries again.
+        sock, answer = spark_task.connect(good, hello)
+        took = time.monotonic() - t0
+        assert answer["ok"], answer
+        assert took < HANDSHAKE_SECONDS + 5, took
+        for stranger in strangers:  # the driver hung up on each one (after its greeting, for 8)
+            stranger.settimeout(HANDSHAKE_SECONDS + 5)
+            while stranger.recv(4096):
+                pass
+        # 200 strangers, and the times the relay was turned away before it got in
+        assert launcher.refused_count >= 200
+        with capfd.disabled():
+            print(
+                f"\n200 silent strangers: threads {threads_before} -> peak {peak} (OS {os_threads_before} "
+                f"-> {os_peak}); the relay got in after {took:.1f} s"
+            )
+        assert peak <= threads_before + MAX_HANDSHAKES
+        assert os_peak < os_threads_before + 20
+        reasons = {r.reason for r in launcher.refused}
+        assert f"{MAX_HANDSHAKES} handshakes were under way already" in reasons, reasons
+        assert f"said nothing within {HANDSHAKE_SECONDS:g} s" in reasons, reasons
+        assert len(launcher.refused) <= 20  # the last few kept; all counted
+        assert (
+            f"{launcher.refused_count} strangers refused, the last from 127.0.0.1:"
+            in launcher.security_note()
+        )
+        poll_for(lambda: threading.active_count() <= threads_before, 5, what="the handshake threads to end")
+        captured = capfd.readouterr()
+        assert captured.err == "", captured.err
+    finally:
+        for s in strangers:
+            s.close()
+        if sock is not None:
+            sock.close()
+        launcher.close()
+
+
 # -- a shared local[3] cluster ---------------------------------------------------------------
 
 
@@ -179,7 +245,7 @@ def test_handshake_admits_only_the_secret_and_each_slot_once(tmp_path):
 def spark_cluster():
     if _NO_PYSPARK or _NO_JAVA:
         pytest.skip(_NO_PYSPARK or _NO_JAVA)
-    from tfmagic.launchers.spark import SparkCluster
+    from tfmagic import SparkCluster
 
     cluster = SparkCluster("local[3]", ps=1, workers=2, name="spark")
     t0 = time.monotonic()
@@ -283,7 +349,7 @@ def test_spark_ui_shows_the_application_and_its_barrier_job(spark_cluster):
 def test_a_stranger_on_the_listener_cannot_run_code(spark_cluster, no_spark_leaks, tmp_path):
     launcher = spark_cluster.launcher
     address = launcher._listener.getsockname()
-    before = len(launcher.refused)
+    before = launcher.refused_count
     marker = tmp_path / "pwned"
     op = {"op": "exec", "id": "x", "code": f"open({str(marker)!r}, 'w').write('ran')"}
     attempts = [
@@ -303,7 +369,7 @@ def test_a_stranger_on_the_listener_cannot_run_code(spark_cluster, no_spark_leak
             except OSError:  # the listener hung up first (with our bytes unread: a reset)
                 answer = b""
             assert answer == b"", "the listener answered a stranger"
-    poll_for(lambda: len(launcher.refused) == before + len(attempts), 5, what="every stranger to be refused")
+    poll_for(lambda: launcher.refused_count == before + len(attempts), 5, what="every stranger to be refused")
     time.sleep(0.5)
     assert not marker.exists()
     # The tasks did not notice.
@@ -311,6 +377,68 @@ def test_a_stranger_on_the_listener_cannot_run_code(spark_cluster, no_spark_leak
         spark_cluster.procs[spark_cluster.check_task("worker:0")].request("ping", timeout=5)["event"]
         == "pong"
     )
+
+
+@needs_spark
+def test_200_strangers_cost_few_threads_print_nothing_and_show_in_status(spark_cluster, capfd):
+    """The under-abuse finding: 200 connections that never speak (200 gave the kernel 225 threads,
+    and each refusal printed a warning into the cell) and some that send garbage."""
+    import tensorflow as tf
+
+    from tfmagic.launchers.spark import HANDSHAKE_SECONDS
+    from tfmagic.px import run_px
+
+    cluster = spark_cluster
+    launcher = cluster.launcher
+    address = launcher._listener.getsockname()
+    capfd.readouterr()
+    me = psutil.Process()
+    before, py_before = me.num_threads(), threading.active_count()
+    refused_before = launcher.refused_count
+    garbage = [os.urandom(300), b"GET / HTTP/1.0\r\n\r\n", b"\n" * 10, b"x" * 5000, b"{}\n"]
+    conns: list[socket.socket] = []
+    t0 = time.monotonic()
+    try:
+        conns = [socket.create_connection(address, timeout=5) for _ in range(200)]
+        for i in range(20):
+            s = socket.create_connection(address, timeout=5)
+            conns.append(s)
+            try:
+                s.sendall(garbage[i % len(garbage)])
+            except OSError:  # refused (closed) already
+                pass
+        peak, py_peak = me.num_threads(), threading.active_count()
+        while (
+            launcher.refused_count < refused_before + 220 and time.monotonic() - t0 < HANDSHAKE_SECONDS + 10
+        ):
+            peak, py_peak = max(peak, me.num_threads()), max(py_peak, threading.active_count())
+            time.sleep(0.02)
+        took = time.monotonic() - t0
+    finally:
+        for s in conns:
+            s.close()
+    with capfd.disabled():
+        print(
+            f"\n220 strangers: kernel threads {before} -> peak {peak} (Python {py_before} -> {py_peak}); "
+            f"all refused after {took:.1f} s"
+        )
+    assert launcher.refused_count == refused_before + 220
+    assert peak < before + 20 and py_peak < py_before + 20
+    captured = capfd.readouterr()
+    assert captured.err == "", captured.err[-2000:]
+    notes = " ".join(cluster.status().notes)
+    assert f"{launcher.refused_count} strangers refused" in notes, notes
+    # The cluster did not notice: a %%tf_px cell and a computation on its tasks.
+    t1 = time.monotonic()
+    outcomes = run_px(cluster, "print(job_name, task_index, flush=True)").wait(60)
+    assert all(o.status == "ok" for o in outcomes.values()), outcomes
+    cluster.connect()
+    with cluster.device("ps:0"):
+        v = tf.Variable(3.0)
+    with cluster.device("worker:0"):
+        assert (v * 2.0).numpy() == 6.0
+    with capfd.disabled():
+        print(f"the cluster answered after the flood in {time.monotonic() - t1:.2f} s")
 
 
 @needs_spark
@@ -396,9 +524,39 @@ def test_stop_ends_every_task_and_the_spark_application(spark_cluster):
 
 
 @needs_spark
+def test_a_wrong_master_is_one_line_saying_what_to_do(no_spark_leaks):
+    """Runs after the shared cluster stopped (a process holds one SparkContext)."""
+    from tfmagic import SparkCluster
+    from tfmagic.errors import ClusterStartError
+
+    port = _free_port()
+    cases = [
+        ("spark://nohost:1", r"cannot reach the Spark master spark://nohost:1: there is no host 'nohost'"),
+        (
+            f"spark://127.0.0.1:{port}",
+            rf"cannot reach the Spark master .*nothing answers at 127.0.0.1:{port}",
+        ),
+        ("bogus", r"Spark cannot use the master 'bogus': Master must .*; use local\[N\], spark://HOST:PORT"),
+    ]
+    for master, expected in cases:
+        cluster = SparkCluster(master, ps=0, workers=1, name="wrong")
+        t0 = time.monotonic()
+        with pytest.raises(ClusterStartError) as info:
+            cluster.start()
+        message = str(info.value)
+        print(f"\n{master}: after {time.monotonic() - t0:.1f} s: {message}")
+        assert "\n" not in message and "at org.apache" not in message, message
+        assert re.search(expected, message), message
+        if master.startswith("spark://"):
+            assert "check that the master is running" in message.lower(), message
+        assert cluster.launcher._ctx is None
+    assert not [p for p in psutil.Process().children(recursive=True) if p.name() == "java"]
+
+
+@needs_spark
 def test_cancelled_spark_job_ends_the_cluster(no_spark_leaks):
     """Killing the job in Spark (UI or API) ends every task, and the cluster says so."""
-    from tfmagic.launchers.spark import SparkCluster
+    from tfmagic import SparkCluster
 
     cluster = SparkCluster("local[2]", ps=1, workers=1, name="cancelled")
     cluster.start()
@@ -424,10 +582,58 @@ def test_cancelled_spark_job_ends_the_cluster(no_spark_leaks):
 
 
 @needs_spark
+def test_stopped_tasks_end_when_killed_or_when_their_relay_dies(no_spark_leaks):
+    """A task stopped with SIGSTOP cannot read the end of its channel.  ``kill``: the relay
+    ends it once its connection is closed; job cancelled: Spark kills the relay and the
+    kernel kills the task with it (TFMAGIC_PDEATHSIG, set by the relay)."""
+    from tfmagic import SparkCluster
+
+    cluster = SparkCluster("local[2]", ps=1, workers=1, name="stopped")
+    cluster.start()
+    launcher = cluster.launcher
+    jvm = launcher._ctx.jvm.pid
+    procs = {str(t): p for t, p in cluster.procs.items()}
+    tasks = {name: p.task_pid for name, p in procs.items()}
+    relays = {name: launcher._by_pid[p.pid].relay_pid for name, p in procs.items()}
+    try:
+        for name, pid in tasks.items():  # set by the relay, for the task's own start-up
+            environ = psutil.Process(pid).environ()
+            assert environ.get("TFMAGIC_PDEATHSIG") == "1", environ
+            assert environ.get("TFMAGIC_OWNER_PID") == str(relays[name]), environ
+        for pid in tasks.values():
+            os.kill(pid, signal.SIGSTOP)
+            poll_for(lambda pid=pid: psutil.Process(pid).status() == psutil.STATUS_STOPPED, 5, what="SIGSTOP")
+        t0 = time.monotonic()
+        cluster.kill("worker:0")
+        assert_gone([tasks["worker:0"]], timeout=5)
+        print(f"\nkill of a stopped task: gone after {time.monotonic() - t0:.1f} s")
+        group = next(iter(launcher._batches.values())).group
+        t0 = time.monotonic()
+        launcher.context.cancelJobGroup(group)
+        assert_gone([relays["ps:0"]], timeout=30)
+        t1 = time.monotonic()
+        assert_gone([tasks["ps:0"]], timeout=2)
+        poll_for(lambda: not any(p.alive for p in cluster.procs.values()), 10, what="the cluster to see it")
+        print(
+            f"job cancelled: relay gone after {t1 - t0:.1f} s, the stopped task "
+            f"{time.monotonic() - t1:.2f} s later"
+        )
+    finally:
+        for pid in tasks.values():
+            try:
+                psutil.Process(pid).kill()
+            except psutil.NoSuchProcess:
+                pass
+        cluster.close()
+        launcher.close()
+    assert_gone([jvm], timeout=30)
+
+
+@needs_spark
 def test_executors_without_tensorflow_are_explained(no_spark_leaks, tmp_path):
     """The executors' Python lacks TensorFlow: the start fails with the task's log and what to do."""
+    from tfmagic import SparkCluster
     from tfmagic.errors import ClusterStartError
-    from tfmagic.launchers.spark import SparkCluster
 
     venv = tmp_path / "bare"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
@@ -444,7 +650,7 @@ def test_executors_without_tensorflow_are_explained(no_spark_leaks, tmp_path):
 _DRIVER = textwrap.dedent(
     """
     import json, sys, time
-    from tfmagic.launchers.spark import SparkCluster
+    from tfmagic import SparkCluster
     cluster = SparkCluster("local[2]", ps=1, workers=1, name="doomed")
     cluster.start()
     launcher = cluster.launcher
@@ -573,7 +779,7 @@ class _Standalone:
 def test_standalone_master_and_worker(no_spark_leaks, tmp_path):
     import tensorflow as tf
 
-    from tfmagic.launchers.spark import SparkCluster
+    from tfmagic import SparkCluster
 
     standalone = _Standalone(tmp_path, cores=3)
     try:

@@ -25,7 +25,7 @@ _lock = threading.RLock()
 
 
 #: Seconds a change of the connection waits for remote calls in flight, and for TensorFlow.
-CONNECT_TIMEOUT = 20.0
+CONNECT_TIMEOUT = 10.0
 
 
 class _Gate:

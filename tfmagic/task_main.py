@@ -56,6 +56,7 @@ from typing import Any, NoReturn
 
 from . import protocol
 from .errors import TaskHasNoInput
+from .proctree import descendants, kill_descendants
 
 
 class TaskRuntime:
@@ -171,7 +172,7 @@ class TaskRuntime:
         it (``subprocess`` would take a stolen status for exit code 0).
         """
         me = os.getpid()
-        table = _descendants(me)
+        table = descendants(me)
         for pid, (ppid, state, start) in table.items():
             if ppid == me and state == "Z" and (pid, start) in self._adopted:
                 try:
@@ -651,94 +652,6 @@ def end_now(reason: str, code: int = 1) -> NoReturn:
     os._exit(code)
 
 
-def _stat(pid: int | str) -> tuple[int, str, int] | None:
-    """(parent pid, state letter, start time in ticks) from ``/proc/PID/stat``; raw syscalls only."""
-    try:
-        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
-        try:
-            data = os.read(fd, 4096)
-        finally:
-            os.close(fd)
-        fields = data.rpartition(b")")[2].split()  # the name before it may hold spaces and parentheses
-        return int(fields[1]), fields[0].decode(), int(fields[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def _children_files(pid: int) -> list[str]:
-    try:
-        return [f"/proc/{pid}/task/{tid}/children" for tid in os.listdir(f"/proc/{pid}/task")]
-    except OSError:
-        return []
-
-
-def _descendants(root: int) -> dict[int, tuple[int, str, int]]:
-    """Every descendant of ``root``: pid -> (parent pid, state, start time).  ``{}`` without /proc.
-
-    Reads the kernel's per-thread ``children`` lists where it has them
-    (``CONFIG_PROC_CHILDREN``), else every ``/proc/PID/stat``.
-    """
-    found: dict[int, tuple[int, str, int]] = {}
-    if os.path.exists(f"/proc/{root}/task/{root}/children"):
-        todo = [root]
-        while todo:
-            pid = todo.pop()
-            for path in _children_files(pid):
-                try:
-                    fd = os.open(path, os.O_RDONLY)
-                    try:
-                        kids = os.read(fd, 65536).split()
-                    finally:
-                        os.close(fd)
-                except OSError:
-                    continue
-                for kid in map(int, kids):
-                    info = _stat(kid)
-                    if info is not None and kid not in found:
-                        found[kid] = info
-                        todo.append(kid)
-        return found
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return found
-    table = {}
-    for name in names:
-        if name.isdigit():
-            info = _stat(name)
-            if info is not None:
-                table[int(name)] = info
-    todo = [root]
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _, _) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    while todo:
-        for kid in children.get(todo.pop(), ()):
-            if kid not in found:
-                found[kid] = table[kid]
-                todo.append(kid)
-    return found
-
-
-def kill_descendants(rounds: int = 20) -> None:
-    """SIGKILL every live descendant of this process, again until none is left.
-
-    Rounds catch what a dying descendant forked meanwhile (as child subreaper
-    this process inherits those orphans, so they show up as descendants).
-    """
-    me = os.getpid()
-    for _ in range(rounds):
-        alive = [pid for pid, (_, state, _) in _descendants(me).items() if state not in ("Z", "X")]
-        if not alive:
-            return
-        for pid in alive:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        time.sleep(0.01)
-
-
 def thread_stacks() -> list[dict[str, Any]]:
     """Each Python thread's name, ids and current stack as text (main thread first)."""
     threads = {t.ident: t for t in threading.enumerate()}
@@ -963,10 +876,28 @@ def _guard_self() -> None:
     os.execve(sys.executable, [sys.executable, "-u", "-m", "tfmagic.task_main"], env)
 
 
+def _start_keeper() -> None:
+    """A keeper beside this task ends what the task started if the task is killed outright.
+
+    ``PR_SET_PDEATHSIG`` SIGKILLs a task whose owner died while it could not
+    read its channel (stopped); a SIGKILLed task cannot end its children, and
+    those a cell started in sessions of their own would live on.  The keeper
+    (:mod:`tfmagic.proctree`) does it.  Started before TensorFlow is imported.
+    """
+    subprocess.Popen(
+        [sys.executable, "-m", "tfmagic.proctree", str(os.getpid())],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        close_fds=True,
+    )
+
+
 def main() -> None:
     global _guard_tmpdir
     _tie_to_owner()
     _guard_self()
+    if os.environ.get("TFMAGIC_PDEATHSIG") == "1":
+        _start_keeper()
     _guard_tmpdir = os.environ.pop("TFMAGIC_GUARD_TMPDIR", None)
     for key in ("TFMAGIC_PDEATHSIG", "TFMAGIC_OWNER_PID"):
         os.environ.pop(key, None)  # meant for this process, not for what its cells start

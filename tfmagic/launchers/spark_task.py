@@ -17,7 +17,11 @@ belongs to Spark.  The child is tied to the relay: when the driver goes away
 ends and the relay closes the child's standard input; when Spark kills the
 task (job cancelled, driver lost) the relay's process dies, which closes that
 pipe too.  Either way the task reads end-of-file and ends itself and its
-process group (:mod:`tfmagic.task_main`).
+process group (:mod:`tfmagic.task_main`).  A task that cannot read (stopped
+with SIGSTOP, a debugger) is ended all the same: the kernel SIGKILLs it when
+the relay dies (``TFMAGIC_PDEATHSIG``), and a relay whose driver went away
+kills its task's process group if the task has not ended
+:data:`ORPHAN_GRACE` seconds later.
 
 This module imports only the standard library: the launcher ships it to the
 executors by value inside the Spark closure, so the relay code always matches
@@ -32,6 +36,7 @@ import hashlib
 import hmac
 import json
 import os
+import signal
 import socket
 import struct
 import subprocess
@@ -45,6 +50,10 @@ GREETING = b"TFMAGIC-SPARK/1"
 #: Frames on the log connection: one kind byte, a 4-byte big-endian length, the payload.
 PID, LOG, EXIT, ERROR = b"P", b"L", b"X", b"E"
 HANDSHAKE_TIMEOUT = 15.0
+#: Seconds a busy driver (one that hangs up before its greeting) is tried again for.
+BUSY_PATIENCE = 30.0
+#: Seconds a task has to end by itself after its driver's connection ended.
+ORPHAN_GRACE = 5.0
 #: Environment variables of the Spark worker a task must not inherit.
 _DROP_ENV = ("PYTHON_WORKER_FACTORY_SECRET", "PYSPARK_GATEWAY_SECRET", "PYSPARK_GATEWAY_PORT")
 
@@ -81,17 +90,23 @@ def read_frame(sock: socket.socket) -> tuple[bytes, bytes] | None:
     return head[:1], body
 
 
+class _Closed(ConnectionError):
+    """The peer hung up before sending a byte of the line."""
+
+
 def read_line(sock: socket.socket, limit: int = 4096) -> bytes:
     """One ``\\n``-terminated line, read byte by byte so nothing after it is consumed."""
     out = bytearray()
     while len(out) < limit:
         b = sock.recv(1)
         if not b:
-            break
+            if not out:
+                raise _Closed("the peer closed the connection")
+            raise ConnectionError("the peer closed the connection in the middle of a line")
         if b == b"\n":
             return bytes(out)
         out += b
-    raise ConnectionError("the peer closed the connection or sent a line that is too long")
+    raise ConnectionError(f"the peer sent a line longer than {limit} bytes")
 
 
 def keepalive(sock: socket.socket) -> None:
@@ -102,6 +117,32 @@ def keepalive(sock: socket.socket) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
 
+def _greeted(config: dict[str, Any]) -> tuple[socket.socket, bytes]:
+    """A connection to the driver and its greeting line.
+
+    The driver bounds how many handshakes run at once and hangs up on a
+    connection beyond them before greeting it (strangers may be keeping it
+    busy): that connection is tried again, with a growing pause, for up to
+    :data:`BUSY_PATIENCE` seconds.
+    """
+    deadline = time.monotonic() + BUSY_PATIENCE
+    pause = 0.1
+    while True:
+        sock = socket.create_connection((config["host"], config["port"]), timeout=HANDSHAKE_TIMEOUT)
+        try:
+            keepalive(sock)
+            return sock, read_line(sock)
+        except (_Closed, ConnectionResetError):  # hung up before its greeting: busy
+            sock.close()
+            if time.monotonic() + pause > deadline:
+                raise
+        except BaseException:
+            sock.close()
+            raise
+        time.sleep(pause)
+        pause = min(pause * 2, 2.0)
+
+
 def connect(config: dict[str, Any], hello: dict[str, Any]) -> tuple[socket.socket, dict[str, Any]]:
     """Open one authenticated connection to the driver and introduce this relay.
 
@@ -109,10 +150,8 @@ def connect(config: dict[str, Any], hello: dict[str, Any]) -> tuple[socket.socke
     does (so a relay never hands its task to whoever took the driver's port).
     Returns the socket and the driver's answer (``{"ok": bool, ...}``).
     """
-    sock = socket.create_connection((config["host"], config["port"]), timeout=HANDSHAKE_TIMEOUT)
+    sock, greeting = _greeted(config)
     try:
-        keepalive(sock)
-        greeting = read_line(sock)
         name, _, server_nonce_hex = greeting.partition(b" ")
         if name != GREETING:
             raise ConnectionError(f"not a tfmagic driver: {greeting[:60]!r}")
@@ -141,6 +180,12 @@ def child_environment(config: dict[str, Any], address: str) -> dict[str, str]:
             env.pop(key, None)
         else:
             env[key] = str(value)
+    # The kernel SIGKILLs the task when this relay dies, even a task stopped with SIGSTOP
+    # (which cannot read the end of its channel).  Linux sends it when the *thread* that
+    # started the child ends: :func:`relay` starts the child and then waits for it in the
+    # same thread, so that thread outlives the task's need of it.
+    env["TFMAGIC_PDEATHSIG"] = "1"
+    env["TFMAGIC_OWNER_PID"] = str(os.getpid())
     if config.get("guard"):
         env["TFMAGIC_GUARD_HOST"] = address
     extra = config.get("pythonpath")
@@ -166,6 +211,15 @@ def _pump_in(sock: socket.socket, child: subprocess.Popen) -> None:
     finally:
         try:
             child.stdin.close()
+        except OSError:
+            pass
+    # The driver is gone (or ended the task's channel): a task that does not end by itself
+    # (stopped? stuck?) is ended with its process group.
+    try:
+        child.wait(ORPHAN_GRACE)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(child.pid, signal.SIGKILL)
         except OSError:
             pass
 
@@ -236,6 +290,7 @@ def relay(config: dict[str, Any], slot: int, attempt: int) -> int | None:
                 pass
 
     python = config.get("python") or sys.executable
+    # Started from this thread, which then waits for the child: see child_environment.
     try:
         child = subprocess.Popen(
             [python, "-u", "-m", "tfmagic.task_main"],

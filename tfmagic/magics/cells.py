@@ -12,7 +12,7 @@ from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from .. import client, session
-from ..errors import TfmagicError
+from ..errors import ShownAbove, TfmagicError
 from ..spec import TaskName
 from . import render
 from .verbs import identifier, unquote
@@ -82,7 +82,7 @@ class CellMagics(Magics):
         if args.output:
             self.shell.user_ns[args.output] = run.results
         if failed:
-            raise render.ShownAbove(f"(%%tf_px: {', '.join(failed)}; the other tasks' output is above)")
+            raise ShownAbove(f"(%%tf_px: {', '.join(failed)}; the other tasks' output is above)")
         return None
 
     def _follow_px(self, run) -> list[str]:
@@ -212,7 +212,7 @@ class CellMagics(Magics):
                 worker.join(0.1)
         except KeyboardInterrupt:
             waited = time.monotonic() - t0
-            raise render.ShownAbove(
+            raise ShownAbove(
                 f"Interrupted: the cell waited {waited:.1f} s on {task} and was left running in the "
                 f"background. Ops on {task} queue behind it until it ends; "
                 f"%tf_cluster stop (or %tf_cluster restart {task} --force) ends it. The kernel is free."
@@ -224,5 +224,5 @@ class CellMagics(Magics):
             raise exc
         result = box.get("result")
         if result is not None and not result.success:
-            raise render.ShownAbove(f"(the cell failed on {task}; its error is shown above)")
+            raise ShownAbove(f"(the cell failed on {task}; its error is shown above)")
         return None

@@ -217,12 +217,12 @@ class ClusterMagics(Magics):
                 "attach needs the cluster: %tf_cluster attach cluster.json, or a quoted ClusterSpec/TF_CONFIG "
                 "JSON, or set TF_CONFIG"
             )
+        cluster = AttachedCluster(spec)  # reads and checks the description first: bad input says so
         running = session.default().running()
         if running is not None:
             raise UsageError(
                 f"a cluster is running ({running.describe()}); stop it first (%tf_cluster stop), then attach"
             )
-        cluster = AttachedCluster(spec)
         cluster.start()
         session.default().adopt(cluster)
         print(

@@ -13,7 +13,6 @@ import re
 import time
 
 from ..cluster import Cluster, StartOutcome
-from ..errors import ShownAbove
 from ..procstats import human_seconds
 from ..spec import TaskName
 

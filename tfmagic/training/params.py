@@ -26,6 +26,8 @@ class ParameterStore:
         self.who = who  # names this run's remote calls (see client.gate)
         self.variables: list = []
         self.global_step = None
+        #: sync: where each worker leaves its gradient, beside each variable on the ps
+        self.buffers: list[list] = []
 
     @property
     def ps_tasks(self) -> list[TaskName]:
@@ -47,6 +49,25 @@ class ParameterStore:
             self.optimizer.create_slots(self.variables)
             if slots:
                 self.optimizer.load_state(slots)
+
+    def make_buffers(self, workers: int) -> None:
+        """Sync: one gradient buffer per worker and variable, on the variable's ps.
+
+        A worker's step writes its gradient there within its own call, so the
+        update needs nothing more from the worker: a worker stopped right
+        after it answered (SIGSTOP) cannot hold up the update that uses its
+        gradient, as it did when the ps pulled the gradient from it.
+        """
+        import tensorflow as tf
+
+        with client.gate.call(self.who):
+            self.buffers = []
+            for i in range(workers):
+                row = []
+                for j, v in enumerate(self.variables):
+                    with tf.device(v.device):
+                        row.append(tf.Variable(tf.zeros_like(v), trainable=False, name=f"grad_{i}_{j}"))
+                self.buffers.append(row)
 
     def ps_alive(self) -> bool:
         """Whether every ps task runs (False once the cluster stopped: nothing to read then)."""

@@ -28,7 +28,7 @@ from .params import ParameterStore, clear_executor
 from .steps import Worker, own_executor, place_worker
 
 #: how long ``stop()`` waits for the run's calls before it leaves them behind
-STOP_WAIT = 2.0
+STOP_WAIT = 1.5
 
 
 class TrainingRun:
@@ -140,12 +140,13 @@ class TrainingRun:
             client.gate.drop(self.who)
             self._abandoned = True
             stuck = self._unresponsive()
-            self.error = TrainingError(
+            note = (
                 f"stopped; {len(waiting) or 'its'} remote call(s) did not return within {STOP_WAIT:g} s"
                 + (f" ({', '.join(stuck)} does not answer: stopped or hung)" if stuck else "")
-                + " and were left behind; cluster.why() says what they wait on"
+                + " and were left behind"
             )
-            self.history.error = str(self.error)
+            self.control.reason = note
+            self.history.add_event("stopped", detail=note)
             self.history.ended_at = time.time()
         return self.history
 
@@ -271,6 +272,8 @@ class TrainingRun:
         self.cluster.connect()
         init = self.initial_weights or self.model.initial_weights(self.config.seed)
         self.params.place(init, self._start_step, self._slots)
+        if self.mode == "sync":
+            self.params.make_buffers(self.workers_n)
         self.policy.workers = {}
         for i in range(self.workers_n):
             w = Worker(TaskName("worker", i), i)

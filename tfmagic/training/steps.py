@@ -141,15 +141,17 @@ def place_worker(
             if mode == "async"
             else None
         )
-    make = async_step if mode == "async" else sync_step
-    w.fn = kept(make(model, params, take, state, counter, ring, limit))
+    if mode == "async":
+        w.fn = kept(async_step(model, params, take, state, counter, ring, limit))
+    else:
+        w.fn = kept(sync_step(model, params, take, state, params.buffers[w.index]))
     w.counter, w.tensors, w.ring, w.seen_k, w.state = counter, inputs, ring, -1, state
     w.rebuild = False
     w.errors = 0
 
 
-def sync_step(model, params, take, state, counter, ring, limit):
-    """Gradients from the current parameters; they stay on the worker until aggregated."""
+def sync_step(model, params, take, state, buffers):
+    """A gradient from the current parameters, left in this worker's buffers on the ps."""
     import tensorflow as tf
 
     variables, gstep = params.variables, params.global_step
@@ -162,7 +164,9 @@ def sync_step(model, params, take, state, counter, ring, limit):
             with tf.GradientTape() as tape:
                 loss = model.loss(variables, xb, yb, training=True, state=state)
         grads = tape.gradient(loss, variables)
-        return tf.stack([tf.cast(loss, tf.float64), tf.cast(k, tf.float64)]), grads
+        writes = [b.assign(g) for b, g in zip(buffers, grads, strict=True)]
+        with tf.control_dependencies(writes):
+            return tf.stack([tf.cast(loss, tf.float64), tf.cast(k, tf.float64)])
 
     return step
 
@@ -211,15 +215,20 @@ def async_step(model, params, take, state, counter, ring, limit):
 
 
 def make_apply(params):
-    """Sync: average the collected gradients and apply them once, on the ps."""
+    """Sync: average the gradients of the workers in ``chosen`` (a 0/1 vector) and apply them once, on the ps."""
     import tensorflow as tf
 
-    variables, opt, gstep = params.variables, params.optimizer, params.global_step
+    variables, opt, gstep, buffers = params.variables, params.optimizer, params.global_step, params.buffers
 
     @tf.function
-    def apply(grad_lists):
-        n = float(len(grad_lists))
-        avg = [tf.add_n([g[j] for g in grad_lists]) / n for j in range(len(variables))]
+    def apply(chosen):
+        n = tf.reduce_sum(chosen)
+        avg = []
+        for j, v in enumerate(variables):
+            with tf.device(v.device):
+                # tf.where, not a product: a buffer being rewritten by a late worker is never read
+                parts = [tf.where(chosen[i] > 0, row[j], tf.zeros_like(row[j])) for i, row in enumerate(buffers)]
+                avg.append(tf.add_n(parts) / n)
         updates = opt.apply(avg, variables)
         with tf.control_dependencies(updates):
             return gstep.assign_add(1)

@@ -27,12 +27,11 @@ from .steps import Worker, make_apply, with_own_executor
 
 @dataclass
 class Gradient:
-    """One worker's answer for one step: its gradients stay on the worker until applied."""
+    """One worker's answer for one step (the gradient itself waits in its buffer on the ps)."""
 
     step: int
     worker: Worker
     loss: float
-    grads: list
     start: float
     end: float
 
@@ -90,15 +89,14 @@ class SyncLoop:
             t0 = time.time()
             try:
                 with client.gate.call(self.training.who), tf.device(w.task.device):
-                    head, grads = w.fn()
-                    loss, read = head.numpy()
+                    loss, read = w.fn().numpy()
             except Exception as exc:  # noqa: BLE001 - sorted out by the failure policy
                 self.policy.handle_error(w, exc)
                 continue
             w.errors = 0
             w.last_step = step
             w.local_step += 1
-            self.results.put(Gradient(int(read), w, float(loss), grads, t0, time.time()))
+            self.results.put(Gradient(int(read), w, float(loss), t0, time.time()))
 
     # -- the aggregator's side ---------------------------------------------------
     def collect(self, t: int) -> list[Gradient] | None:
@@ -122,8 +120,11 @@ class SyncLoop:
                     if res.step > t and self.was_applied(t):
                         return collected  # the ps is past t: step t's update happened
             try:
+                chosen = [0.0] * self.training.workers_n
+                for r in collected:
+                    chosen[r.worker.index] = 1.0
                 with client.gate.call(self.training.who), tf.device(self.params.ps_tasks[0].device):
-                    self.apply([r.grads for r in collected]).numpy()
+                    self.apply(tf.constant(chosen)).numpy()
                 return collected
             except Exception:
                 clear_executor()
