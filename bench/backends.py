@@ -22,8 +22,8 @@ from pathlib import Path
 os.environ["TFMAGIC_SPARES"] = "0"
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import tfmagic  # noqa: E402
-from tests import sshhosts  # noqa: E402
+import tfmagic
+from tests import sshhosts
 
 
 def _factories(loop, ns):
@@ -40,7 +40,7 @@ def _factories(loop, ns):
             ns.aliases, ps=1, workers=2, python=sys.executable, ssh_config=ns.config, tunnel=True
         )
     try:
-        from tfmagic.launchers.spark import SparkCluster
+        from tfmagic import SparkCluster
 
         out["spark local[3]"] = lambda: SparkCluster(master="local[3]", ps=1, workers=2)
     except Exception as exc:  # noqa: BLE001 - reported, the rest still runs

@@ -241,6 +241,14 @@ def test_losing_the_ps_is_reported_within_seconds_and_training_resumes(c3, mode)
     if mode == "sync":  # every step after the checkpoint was made again, once
         after = [g.step for g in h.global_steps if g.time > killed_at]
         assert after == list(range(ckpt_step + 1, 501)), (ckpt_step, after[:5], after[-5:])
+    # each step counts once: the updates lost with the ps are marked as rolled back, not counted twice
+    steps = [g.step for g in h.global_steps]
+    assert len(steps) == len(set(steps)) and h.steps == len(steps) <= 500
+    assert all(g.step > ckpt_step for g in h.rolled_back)
+    assert repr(run).endswith(f"{h.steps}/500 updates>"), repr(run)
+    if h.rolled_back:
+        assert any(e.kind == "rollback" for e in h.events)
+        assert any(r.rolled_back for r in h.records)
 
 
 def test_a_user_keras_model_trains(local_cluster):

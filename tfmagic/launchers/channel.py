@@ -84,11 +84,16 @@ class TaskProcess:
 
     # -- events ------------------------------------------------------------
     def _read_events(self) -> None:
-        for line in iter(self._from_task.readline, b""):
+        while True:
+            try:
+                line = self._from_task.readline()
+            except (OSError, ValueError):  # a reset socket (a relay killed), a closed pipe: the end
+                line = b""
+            if not line:
+                break
             msg = protocol.decode(line)
-            if msg is None:
-                continue
-            self._on_event(msg)
+            if msg is not None:
+                self._on_event(msg)
         code = self.launcher.wait_exit(self)
         with self._cond:
             self.exit_code = code
