@@ -227,7 +227,9 @@ def make_apply(params):
         for j, v in enumerate(variables):
             with tf.device(v.device):
                 # tf.where, not a product: a buffer being rewritten by a late worker is never read
-                parts = [tf.where(chosen[i] > 0, row[j], tf.zeros_like(row[j])) for i, row in enumerate(buffers)]
+                parts = [
+                    tf.where(chosen[i] > 0, row[j], tf.zeros_like(row[j])) for i, row in enumerate(buffers)
+                ]
                 avg.append(tf.add_n(parts) / n)
         updates = opt.apply(avg, variables)
         with tf.control_dependencies(updates):
