@@ -64,7 +64,12 @@ class Soak:
 
     def cell(self, code: str, bound: float, interrupt_after: float | None = None):
         t0 = time.monotonic()
-        reply = self.k.run(code, timeout=bound + 60, interrupt_after=interrupt_after)
+        try:
+            reply = self.k.run(code, timeout=bound + 60, interrupt_after=interrupt_after)
+        except TimeoutError as exc:
+            raise AssertionError(
+                f"seed {self.seed}: {exc}\naction log:\n" + "\n".join(self.log[-12:])
+            ) from None
         took = time.monotonic() - t0
         self.log.append(f"{code.splitlines()[0]!r}: {reply.status} in {took:.1f} s")
         where = f"seed {self.seed}, action log:\n" + "\n".join(self.log[-12:])

@@ -111,6 +111,7 @@ _connected: tuple | None = None  # (cluster id, frozen spec, client address)
 _generation = 0
 _port: int | None = None
 _pending: threading.Thread | None = None  # a change of the connection that did not finish in time
+_omitted: list = []  # tasks left out of the connection: they did not answer when it was made
 
 
 def client_port() -> int:
@@ -199,9 +200,14 @@ def connect(
     ``localhost:<port>``, only works when every task shares this machine's
     loopback; remote launchers give an address the tasks can reach.
 
-    The change runs on a helper thread with a deadline: TensorFlow waits for
-    a task that accepts connections but does not answer (stopped, or not a
-    TensorFlow server at all) for ever, and the kernel must stay usable.
+    Tasks that do not answer now (dead, stopped) are left out of the
+    connection (:func:`omitted` lists them): TensorFlow's connect waits for
+    every task in the definition for ever, *holding Python's global lock*
+    (measured: one task whose port refused connections froze the whole
+    process, interrupts included).  Ops placed on a left-out task fail at
+    once ("unknown device"); connecting again (``force``, a restart) takes
+    it back when it answers.  The change itself runs on a helper thread with
+    a deadline, for what slips past that check.
     """
     global _connected, _generation, _pending
     key = (owner_id, _frozen(defn), client_address)
@@ -223,7 +229,8 @@ def connect(
         # task is lost), not wait for it to come back.
         os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
         address = client_address or f"localhost:{client_port()}"
-        jobs = {**defn.as_dict(), "localhost": [address]}
+        jobs, left_out = _answering(defn)
+        jobs["localhost"] = {0: address}
         ctx = context.context()
         server_def = ServerDef(
             cluster=tf.train.ClusterSpec(jobs).as_cluster_def(),
@@ -264,8 +271,33 @@ def connect(
             _connected = None
             raise outcome[0]
         _connected = key
+        _omitted[:] = left_out
         _generation += 1
         return True
+
+
+def _answering(defn: ClusterDef) -> tuple[dict[str, dict[int, str]], list[TaskName]]:
+    """The definition's tasks that answer as gRPC servers now, and those left out."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .net import grpc_answers
+
+    tasks = defn.tasks()
+    with ThreadPoolExecutor(max_workers=min(16, len(tasks) or 1)) as pool:
+        answers = list(pool.map(lambda t: grpc_answers(defn.address(t), timeout=1.5), tasks))
+    jobs: dict[str, dict[int, str]] = {}
+    left_out = []
+    for task, ok in zip(tasks, answers, strict=True):
+        if ok:
+            jobs.setdefault(task.job, {})[task.index] = defn.address(task)
+        else:
+            left_out.append(task)
+    return jobs, left_out
+
+
+def omitted() -> list[TaskName]:
+    """Tasks of the connected cluster that did not answer when it was (re)connected (left out of it)."""
+    return list(_omitted)
 
 
 def is_connected(owner_id: int) -> bool:

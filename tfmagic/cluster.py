@@ -521,7 +521,12 @@ class Cluster:
                 f"{t} (pid {proc.pid}) is not running (exit code {proc.exit_code}); "
                 f"restart it: cluster.restart('{t}')"
             )
-        self.connect()
+        self.connect(force=client.is_connected(self.id) and t in client.omitted())
+        if t in client.omitted():
+            raise TaskLost(
+                f"{t} does not answer ({self.condition(t)}); ops cannot be placed on it now. "
+                f"cluster.why() says why; cluster.restart('{t}', force=True) replaces it"
+            )
         with client.on_task(t) as name:
             yield name
 
@@ -647,16 +652,27 @@ class Cluster:
         t = self.check_task(task)
         return self.launcher.read_log(self.procs[t], tail=tail)
 
+    @staticmethod
+    def _condition(proc: TaskHandle, stats: dict | None, slowness: float | None) -> str:
+        if not proc.alive:
+            return f"exited ({proc.exit_code})"
+        if stats and stats.get("run_state") == "stopped" and not slowness:
+            return "stopped (SIGSTOP)"
+        if not stats and proc.pid is not None:
+            return "not answering"
+        return str(proc.state)
+
+    def condition(self, task: str | TaskName) -> str:
+        """``running``, ``stopped (SIGSTOP)`` (by someone else: ``slow`` is not counted), ``not answering``
+        or ``exited (CODE)``: whether the task can do what it is asked now."""
+        t = self.check_task(task)
+        proc = self.procs[t]
+        stats = self.launcher.stats(proc, memory=False) if proc.alive else None
+        return self._condition(proc, stats, self.slowness.get(t))
+
     def _row(self, label: str, address: str, proc: TaskHandle, slowness: float | None = None) -> TaskStatus:
-        alive = proc.alive
-        stats = (self.launcher.stats(proc) if alive else None) or {}
-        state = str(proc.state)
-        if not alive:
-            state = f"exited ({proc.exit_code})"
-        elif stats.get("run_state") == "stopped" and not slowness:
-            state = "stopped (SIGSTOP)"
-        elif not stats and proc.pid is not None:
-            state = "not answering"
+        stats = (self.launcher.stats(proc) if proc.alive else None) or {}
+        state = self._condition(proc, stats, slowness)
         return TaskStatus(
             task=label,
             address=address,

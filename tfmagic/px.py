@@ -257,5 +257,17 @@ class PxRun:
 
 
 def run_px(cluster, code: str, targets: str | None = "all", name: str | None = None) -> PxRun:
-    """Send ``code`` to the chosen tasks and return the running :class:`PxRun`."""
-    return PxRun(cluster, code, parse_targets(cluster, targets), name=name).start()
+    """Send ``code`` to the chosen tasks and return the running :class:`PxRun`.
+
+    A task that cannot run it now (stopped with SIGSTOP, not answering) is
+    refused here, by name, instead of leaving the cell waiting for it.
+    """
+    chosen = parse_targets(cluster, targets)
+    stuck = [(t, c) for t in chosen if (c := cluster.condition(t)).startswith(("stopped", "not answering"))]
+    if stuck:
+        t, c = stuck[0]
+        raise PxError(
+            f"{t} is {c} and cannot run the cell now; continue it (kill -CONT), or restart it "
+            f"(cluster.restart('{t}', force=True)), or leave it out with targets="
+        )
+    return PxRun(cluster, code, chosen, name=name).start()

@@ -125,6 +125,7 @@ class CellMagics(Magics):
         import queue as _queue
 
         interrupted_at = None
+        checked, stopped_since = time.monotonic(), None
         while True:
             if sigint[0] and interrupted_at is None:
                 run.interrupt()
@@ -135,6 +136,21 @@ class CellMagics(Magics):
             except _queue.Empty:
                 if run.done and run.events.empty():
                     break
+                if time.monotonic() - checked > 1.0:  # a task stopped from outside mid-cell
+                    checked = time.monotonic()
+                    stuck = [
+                        t
+                        for t, o in run.outcomes.items()
+                        if not o.done and run.cluster.condition(t).startswith("stopped")
+                    ]
+                    stopped_since = (stopped_since or checked) if stuck else None
+                    if stuck and checked - stopped_since > 3:
+                        print(
+                            f"{', '.join(stuck)} is stopped (SIGSTOP): its cell goes on when it is continued; "
+                            "not waiting for it here.",
+                            file=sys.stderr,
+                        )
+                        break
                 if interrupted_at is not None and time.monotonic() - interrupted_at > 10:
                     print(
                         "Some tasks did not stop within 10 s of the interrupt; they go on in the background.",
@@ -148,7 +164,11 @@ class CellMagics(Magics):
                 for piece in text.splitlines(True):
                     stream.write(f"[{task}] {piece}")
                 stream.flush()
-            elif kind in ("error", "interrupted"):
+            elif kind == "interrupted":  # where it was, not the whole traceback
+                where = [ln.strip() for ln in payload.traceback if ln.strip().startswith("File ")]
+                at = where[-1].split(", in ")[0].replace("File ", "") if where else ""
+                print(f"[{task}] interrupted" + (f" at {at}" if at else ""), file=sys.stderr)
+            elif kind == "error":
                 print(
                     "".join(f"[{task}] {ln}" for ln in "".join(payload.traceback).splitlines(True)),
                     file=sys.stderr,

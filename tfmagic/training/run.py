@@ -270,6 +270,13 @@ class TrainingRun:
 
     def _setup(self) -> None:
         self.cluster.connect()
+        away = set(client.omitted())  # tasks that did not answer: dead, or stopped from outside
+        for t in self.params.ps_tasks:
+            if t in away:
+                raise TrainingError(
+                    f"{t} does not answer ({self.cluster.condition(t)}): the variables cannot live there. "
+                    f"Restart it (cluster.restart('{t}', force=True)) and train again"
+                )
         init = self.initial_weights or self.model.initial_weights(self.config.seed)
         self.params.place(init, self._start_step, self._slots)
         if self.mode == "sync":
@@ -278,7 +285,7 @@ class TrainingRun:
         for i in range(self.workers_n):
             w = Worker(TaskName("worker", i), i)
             self.policy.workers[w.task] = w
-            if self.cluster.procs[w.task].alive:
+            if self.cluster.procs[w.task].alive and w.task not in away:
                 self.place(w)
             else:
                 w.lost = True
