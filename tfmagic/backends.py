@@ -47,7 +47,7 @@ class ClusterRequest:
 
     def placement(self) -> tuple:
         """What :meth:`~tfmagic.launchers.base.Launcher.placement` of the built cluster will say."""
-        return BACKENDS[self.backend].placement(self)
+        return backend(self.backend).placement(self)
 
     def common(self) -> dict:
         gpus = list(self.gpus) or None
@@ -150,17 +150,23 @@ register(
 )
 
 
+def backend(name: str) -> Backend:
+    """The registered backend ``name``, or one line naming those there are."""
+    found = BACKENDS.get(name)
+    if found is None:
+        raise BadClusterShape(f"unknown backend {name!r}; use one of {', '.join(BACKENDS)}")
+    return found
+
+
 def build(request: ClusterRequest) -> Cluster:
     """A cluster for ``request``, checked but not started (raises what can be known now)."""
-    backend = BACKENDS.get(request.backend)
-    if backend is None:
-        raise BadClusterShape(f"unknown backend {request.backend!r}; use one of {', '.join(BACKENDS)}")
+    chosen = backend(request.backend)
     given = {
         name
         for name in ("hosts", "python", "ssh_config", "tunnel", "master")
         if getattr(request, name) not in ((), None, False)
     }
-    foreign = sorted(given - set(backend.options))
+    foreign = sorted(given - set(chosen.options))
     if foreign:
         owners = sorted({b.name for b in BACKENDS.values() for o in foreign if o in b.options})
         raise BadClusterShape(
@@ -172,4 +178,4 @@ def build(request: ClusterRequest) -> Cluster:
         raise BadClusterShape(
             f"{len(request.gpus)} GPU entries for {request.workers} workers; give one per worker, or one for all"
         )
-    return backend.make(request)
+    return chosen.make(request)
