@@ -39,6 +39,7 @@ class ClusterRequest:
     ssh_config: str | None = None
     tunnel: bool = False
     master: str | None = None
+    pace: str | float | None = None
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
@@ -54,6 +55,7 @@ class ClusterRequest:
         return dict(
             worker_gpus=(gpus[0] if gpus and len(gpus) == 1 else gpus),
             collective=self.collective,
+            pace=self.pace,
             **({"start_timeout": self.timeout} if self.timeout else {}),
             **self.extra,
         )
@@ -172,6 +174,10 @@ def build(request: ClusterRequest) -> Cluster:
         raise BadClusterShape(
             f"{', '.join(foreign)} {'is' if len(foreign) == 1 else 'are'} for the {' or '.join(owners)} backend"
         )
+    if request.pace is not None:
+        from .pace import Pace
+
+        Pace.parse(request.pace)  # one line now, not after the old cluster stopped
     if request.collective and request.ps:
         raise BadClusterShape("collective mode (all-reduce) has no parameter servers; use ps=0")
     if request.gpus and len(request.gpus) not in (1, request.workers):

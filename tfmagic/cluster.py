@@ -39,6 +39,7 @@ from .errors import BadClusterShape, ClusterStartError, NeedsForce, NoCluster, T
 from .events import Event, Topic
 from .launchers.base import Launcher, TaskHandle, TaskState
 from .launchers.local import LocalLauncher
+from .pace import Pace
 from .pool import SparePool, default_pool
 from .spec import ClusterDef, ClusterShape, TaskName
 from .status import ClusterStatus, TaskStatus
@@ -137,6 +138,12 @@ class Cluster:
         start (see :mod:`tfmagic.pool`).  ``False`` spawns every task fresh.
     start_timeout:
         Seconds a start may take before it gives up and cleans up.
+    pace:
+        Make the training engine's worker steps take a modelled machine's time
+        (``"40ms"``, or a :class:`~tfmagic.pace.Pace` with jitter and
+        hiccups): a cluster in miniature that behaves like separate machines
+        however many processes share the cores.  ``slow`` then changes a
+        worker's modelled speed.
     """
 
     def __init__(
@@ -154,6 +161,7 @@ class Cluster:
         start_timeout: float = 120.0,
         log_dir: str | os.PathLike | None = None,
         collective: bool = False,
+        pace: str | float | Pace | None = None,
     ) -> None:
         self.shape = ClusterShape(ps=ps, workers=workers, chief=chief)
         if collective and ps:
@@ -163,6 +171,8 @@ class Cluster:
         if not (isinstance(start_timeout, (int, float)) and 0 < start_timeout < float("inf")):
             raise BadClusterShape(f"start_timeout must be a number of seconds > 0, not {start_timeout!r}")
         self.collective = collective
+        #: the modelled machines of a paced cluster (see :mod:`tfmagic.pace`), or None: real speed
+        self.pace: Pace | None = Pace.parse(pace)
         self.id = next(_ids)
         self.name = name or f"c{self.id}"
         self.launcher = launcher or LocalLauncher()
@@ -218,8 +228,9 @@ class Cluster:
         return self._log_dir
 
     def describe(self) -> str:
-        """``1 ps, 2 workers`` and where they run (``over ssh on a,b``, ``on Spark local[3]``)."""
-        return f"{self.shape.describe()}{self.launcher.describe()}"
+        """``1 ps, 2 workers`` and where they run (``over ssh on a,b``, ``on Spark local[3]``), and its pace."""
+        paced = f", {self.pace.describe()}" if self.pace is not None else ""
+        return f"{self.shape.describe()}{self.launcher.describe()}{paced}"
 
     # -- lifecycle -------------------------------------------------------
     @property
@@ -521,6 +532,12 @@ class Cluster:
                 f"{t} (pid {proc.pid}) is not running (exit code {proc.exit_code}); "
                 f"restart it: cluster.restart('{t}')"
             )
+        state = self.condition(t)
+        if state.startswith(("stopped", "not answering")):
+            raise TaskLost(
+                f"{t} is {state}: ops placed on it would wait until it is continued. Continue it "
+                f"(kill -CONT {proc.task_pid}) or replace it: cluster.restart('{t}', force=True)"
+            )
         self.connect(force=client.is_connected(self.id) and t in client.omitted())
         if t in client.omitted():
             raise TaskLost(
@@ -543,7 +560,10 @@ class Cluster:
 
         The task's process is paused and resumed many times a second (see
         :mod:`tfmagic.throttle`), so everything it does slows down, whoever
-        asks: a training loop, a ``%%tf_device`` cell, another program.
+        asks: a training loop, a ``%%tf_device`` cell, another program.  On a
+        paced cluster the worker's modelled machine becomes ``factor`` times
+        slower instead (the process keeps its speed): the engine's steps on it
+        take ``factor`` times the pace.
         """
         try:
             factor = float(factor)
@@ -552,6 +572,14 @@ class Cluster:
         if not factor >= 1.0 or factor == float("inf"):
             raise ValueError(f"factor must be a number >= 1 (1 restores full speed), not {factor:g}")
         t, proc = self._live(task)
+        if self.pace is not None:
+            self.pace.set_slowdown(t, factor)
+            if factor > 1:
+                self.slowness[t] = factor
+            else:
+                self.slowness.pop(t, None)
+            self.emit("slow", t, (f"x{factor:g}" if factor > 1 else "full speed") + " (modelled)")
+            return
         try:
             proc.request("slow", factor=factor, timeout=5)
         except TimeoutError:
@@ -565,13 +593,19 @@ class Cluster:
             self.slowness.pop(t, None)
         self.emit("slow", t, f"x{factor:g}" if factor > 1 else "full speed")
 
+    def _full_speed(self, t: TaskName) -> None:
+        """A new (or dead) process: no throttle, and a modelled machine back at its normal speed."""
+        self.slowness.pop(t, None)
+        if self.pace is not None:
+            self.pace.set_slowdown(t, 1)
+
     def kill(self, task: str | TaskName) -> None:
         """End ``task``'s process now (SIGKILL), as a crash would."""
         t, proc = self._live(task)
         if proc.pid is not None:
             self._killed_on_purpose.add(proc.pid)
         proc.kill()
-        self.slowness.pop(t, None)
+        self._full_speed(t)
         self.emit("kill", t, f"process {proc.pid} killed")
 
     def restart(
@@ -638,7 +672,7 @@ class Cluster:
         self._check_serving(t, proc, defn.address(t))
         self.procs[t] = proc
         self._watch(t, proc)
-        self.slowness.pop(t, None)
+        self._full_speed(t)
         if client.is_connected(self.id):
             self.connect(force=True)
         self.emit("restart", t, f"process {proc.pid}" + (" (warm spare)" if warm else ""))

@@ -102,3 +102,7 @@ class ShownAbove(TfmagicError):
 
     def _render_traceback_(self) -> list[str]:
         return [self.note]
+
+
+class BadPace(TfmagicError, ValueError):
+    """A pace that is not a positive duration (``"40ms"``), or one the machine cannot keep."""

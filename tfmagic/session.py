@@ -75,7 +75,17 @@ class Session:
             if running is not None:
                 same = self.reusable(request)
                 if same and not replace:
-                    return running, Reused(age_s=time.time() - (running.started_at or time.time()))
+                    outcome = Reused(age_s=time.time() - (running.started_at or time.time()))
+                    if request.pace is not None or running.pace is not None:
+                        from .pace import Pace
+
+                        wanted = Pace.parse(request.pace)
+                        if (wanted and wanted.base) != (running.pace and running.pace.base):
+                            running.pace = wanted  # a pace needs no process: the same tasks, a new model
+                            outcome.notes.append(
+                                f"pace now {wanted.describe() if wanted else 'off (real speed)'}"
+                            )
+                    return running, outcome
                 if not replace:
                     what = "shape" if running.shape != request.shape else "placement"
                     raise ClusterRunning(

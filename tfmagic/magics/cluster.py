@@ -95,6 +95,12 @@ class ClusterMagics(Magics):
         help="all-reduce mode (implies --ps 0): `strategy` in %%%%tf_px cells",
     )
     @arg("--all-interfaces", action="store_true", help="let task servers listen on every interface")
+    @arg(
+        "--pace",
+        default=None,
+        help="model each worker as a machine whose training step takes this long (40ms): a cluster in "
+        "miniature that behaves like separate machines however many processes share the cores",
+    )
     @arg("--hosts", default=None, help="ssh: hosts, comma-separated (node1,node2)")
     @arg("--python", default=None, help="ssh: the Python on the hosts (default python3)")
     @arg("--ssh-config", default=None, help="ssh: an ssh config file (ssh -F)")
@@ -130,6 +136,7 @@ class ClusterMagics(Magics):
             ssh_config=args.ssh_config,
             tunnel=args.tunnel,
             master=args.master,
+            pace=args.pace,
         )
         try:
             shape = request.shape

@@ -84,12 +84,16 @@ class StartProgress:
 def started(cluster: Cluster, outcome: StartOutcome) -> str:
     """One sentence per outcome kind."""
     if outcome.kind == "reused":
+        notes = "".join(f" {n[0].upper()}{n[1:]}." for n in outcome.notes)
         return (
             f"Reusing the running cluster {cluster.name} ({cluster.shape.describe()}, up "
             f"{human_seconds(getattr(outcome, 'age_s', 0.0))}); %tf_cluster stop ends it, --replace starts a fresh one."
+            + notes
         )
     how = f"{outcome.warm} warm spare{'s' if outcome.warm != 1 else ''}, {outcome.cold} new"
     head = f"Cluster {cluster.name} started: {cluster.shape.describe()} in {outcome.seconds:.1f} s ({how})."
+    if cluster.pace is not None:
+        head += f" Its workers are {cluster.pace.describe()} (the training engine's steps)."
     if outcome.kind == "replaced":
         head += f" It replaced the cluster that ran before ({outcome.replaced}), which was stopped."
     use = (

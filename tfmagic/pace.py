@@ -1,0 +1,113 @@
+"""A cluster in miniature that behaves like real machines: each worker step takes a modelled time.
+
+On two cores, eight worker processes share the CPU: a straggler slowed by
+pausing its process delays its messages more than its computation, and the
+other workers speed up on the cores it gives away.  The numbers a student
+then reads teach the laptop, not the algorithm.  A *paced* cluster gives
+every worker a modelled machine instead: a step of worker ``i`` takes
+
+    base x slowdown_i x jitter  (+ a rare hiccup)
+
+of wall time, whatever the processes really need (as long as they need
+less: when they do not, the run says so and names a pace that would work).
+The training engine waits out the rest of each step on the worker's behalf,
+so sync updates are paced by the slowest worker exactly as on separate
+machines, and async throughput adds up over workers.
+
+Only tfmagic's training engine is paced; ``%%tf_px`` programs and other
+clients of the cluster see the processes' real speed (``slow`` on a paced
+cluster changes the modelled speed, not the process).
+
+>>> p = Pace.parse("40ms")
+>>> p.base, p.duration("worker:0", 0) == p.base
+(0.04, True)
+>>> p.set_slowdown("worker:1", 4); round(p.duration("worker:1", 0), 3)
+0.16
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+import threading
+from dataclasses import dataclass, field
+
+from .errors import BadPace
+
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(ms|s|us)?\s*$", re.ASCII)
+
+
+def parse_seconds(text: str | float | int) -> float:
+    """``"40ms"``, ``"0.04s"``, ``"0.04"`` or ``0.04`` -> 0.04 (seconds); one-line errors."""
+    if isinstance(text, bool):
+        raise BadPace(f"a pace is a duration such as '40ms', not {text!r}")
+    if isinstance(text, (int, float)):
+        value = float(text)
+    else:
+        m = _DURATION.match(str(text))
+        if not m:
+            raise BadPace(f"{text!r} is not a duration; write it like '40ms' or '0.04s'")
+        value = float(m.group(1)) * {"ms": 1e-3, "us": 1e-6, "s": 1.0, None: 1.0}[m.group(2)]
+    if not (value > 0 and math.isfinite(value)):
+        raise BadPace(f"a pace must be a positive duration such as '40ms', not {text!r}")
+    return value
+
+
+@dataclass
+class Pace:
+    """The modelled machines: a base step time, each worker's slowdown, jitter and hiccups.
+
+    ``jitter`` is the spread of a step's time (the standard deviation of its
+    logarithm: 0.1 gives about +-10 %); ``hiccup`` the chance that a step
+    takes ``hiccup_factor`` times as long (a GC pause, a busy neighbour).
+    Draws come from a generator seeded per task, so a run repeats.
+    """
+
+    base: float
+    jitter: float = 0.0
+    hiccup: float = 0.0
+    hiccup_factor: float = 5.0
+    seed: int = 0
+    slowdown: dict[str, float] = field(default_factory=dict)
+    _rngs: dict[str, random.Random] = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @classmethod
+    def parse(cls, pace: str | float | Pace | None, **kwargs) -> Pace | None:
+        if pace is None or isinstance(pace, Pace):
+            return pace
+        p = cls(parse_seconds(pace), **kwargs)
+        if not (0 <= p.jitter < 2 and 0 <= p.hiccup <= 1 and p.hiccup_factor >= 1):
+            raise BadPace("jitter is 0 to 2 (log spread), hiccup a chance 0 to 1, hiccup_factor at least 1")
+        return p
+
+    def set_slowdown(self, task: str, factor: float) -> None:
+        """``task``'s modelled machine is ``factor`` times slower (1 restores it)."""
+        with self._lock:
+            if factor == 1:
+                self.slowdown.pop(str(task), None)
+            else:
+                self.slowdown[str(task)] = float(factor)
+
+    def duration(self, task: str, step: int) -> float:
+        """How long ``task``'s step ``step`` takes on its modelled machine, in seconds."""
+        with self._lock:
+            rng = self._rngs.get(str(task))
+            if rng is None:
+                rng = self._rngs[str(task)] = random.Random(f"{self.seed}-{task}")
+            d = self.base * self.slowdown.get(str(task), 1.0)
+            if self.jitter:
+                d *= math.exp(rng.gauss(-self.jitter**2 / 2, self.jitter))  # mean 1
+            if self.hiccup and rng.random() < self.hiccup:
+                d *= self.hiccup_factor
+            return d
+
+    def describe(self) -> str:
+        parts = [f"{self.base * 1000:g} ms per step"]
+        if self.jitter:
+            parts.append(f"jitter {self.jitter:g}")
+        if self.hiccup:
+            parts.append(f"{self.hiccup:.0%} hiccups x{self.hiccup_factor:g}")
+        slow = ", ".join(f"{t} x{f:g}" for t, f in sorted(self.slowdown.items()))
+        return "paced: " + ", ".join(parts) + (f"; slowed {slow}" if slow else "")
