@@ -46,6 +46,18 @@ class StepRecord:
     run: str = ""
     update: int | None = None  # the global step this gradient's update became
     rolled_back: bool = False  # its update was lost with a ps and made again after a resume
+    #: where the step's time went, in seconds (None: not measured): computing the gradient on the
+    #: worker; moving tensors (parameters in, gradient out); waiting for the other workers (sync);
+    #: applying the update on the ps; the engine's own share (calls, threads, this process)
+    compute: float | None = None
+    transfer: float | None = None
+    wait: float | None = None
+    apply: float | None = None
+    engine: float | None = None
+    #: a paced cluster's modelled step time (the step was made to last that long)
+    paced: float | None = None
+    #: the run's first steps (tracing, first connections): shown apart, not counted in throughput
+    warmup: bool = False
 
     def __post_init__(self) -> None:
         self.task = TaskName.parse(self.task)
@@ -87,12 +99,16 @@ class History:
         self.events: list[Event] = []
         self.started_at = time.time()
         self.ended_at: float | None = None
+        #: when the warm-up steps ended (None: not marked); throughput is measured from then
+        self.warmup_ended_at: float | None = None
         self.final_loss: float | None = None  # on held-out data
         self.final_loss_label = "held-out loss"  # what final_loss was measured on
         self.final_accuracy: float | None = None
         self.error: str | None = None
         self.checkpoint: str | None = None
         self.config: dict = {}
+        #: what the reader must know to trust the figures (a pace the machine could not keep, ...)
+        self.notes: list[str] = []
         self._lock = threading.Lock()
         #: every StepRecord, GlobalStep and Event as it is added
         self.feed: Topic[StepRecord | GlobalStep | Event] = Topic(f"history {self.run}")
@@ -183,6 +199,7 @@ class History:
         total_steps = total_examples = 0
         first, last = None, None
         for task, recs in sorted(self.by_task().items()):
+            recs = [r for r in recs if not r.warmup]
             if since is not None:
                 recs = [r for r in recs if r.end >= since]
             if not recs:
@@ -204,6 +221,55 @@ class History:
                 "examples_per_s": total_examples / span,
             }
         return out
+
+    def breakdown(self) -> list[dict]:
+        """Where each worker's step time went: mean seconds per step, and shares of the step.
+
+        One row per task (and ``total``): ``compute`` (the gradient, on the
+        worker), ``transfer`` (parameters in, gradient out), ``wait`` (for
+        the other workers: sync's barrier), ``apply`` (the update on the ps),
+        ``engine`` (tfmagic's own calls and threads) and, on a paced cluster,
+        ``paced`` (the time waited out so the step lasts its modelled time).
+        Warm-up steps are left out.
+        """
+        parts = ("compute", "transfer", "wait", "apply", "engine", "paced_wait")
+        rows: dict[str, dict] = {}
+        for r in self.snapshot()[0]:
+            if r.warmup or r.compute is None:
+                continue
+            for key in (r.task, "total"):
+                row = rows.setdefault(key, dict.fromkeys(parts, 0.0) | {"task": key, "steps": 0, "step": 0.0})
+                row["steps"] += 1
+                row["step"] += r.duration
+                measured = 0.0
+                for part in parts[:-1]:
+                    value = getattr(r, part) or 0.0
+                    row[part] += value
+                    measured += value
+                if r.paced is not None:
+                    row["paced_wait"] += max(0.0, r.duration - measured)
+        out = []
+        for key in sorted(rows, key=lambda k: (k == "total", k)):
+            row = rows[key]
+            n = row["steps"]
+            for part in (*parts, "step"):
+                row[part] /= n
+            out.append(row)
+        return out
+
+    def breakdown_table(self) -> str:
+        """:meth:`breakdown` as text: milliseconds per step and each part's share."""
+        lines = [
+            f"{'task':9s} {'steps':>6s} {'step ms':>8s}  compute  transfer   wait    apply   engine  paced"
+        ]
+        for row in self.breakdown():
+            step = row["step"] or 1e-12
+            cells = "  ".join(
+                f"{row[p] * 1000:5.1f}={row[p] / step:4.0%}"[:14].rjust(7)
+                for p in ("compute", "transfer", "wait", "apply", "engine", "paced_wait")
+            )
+            lines.append(f"{row['task']:9s} {row['steps']:6d} {row['step'] * 1000:8.1f}  {cells}")
+        return "\n".join(lines)
 
     def dropped(self) -> dict[str, int]:
         """Gradients dropped as stale, per task (sync with backup workers)."""
@@ -227,11 +293,23 @@ class History:
         return [(g.step, g.time - self.started_at, g.loss) for g in self.snapshot()[1]]
 
     def updates_per_s(self) -> float:
-        """Global updates per second of training (from its start to its last update)."""
+        """Global updates per second of training, warm-up left out (from its end to the last update).
+
+        The first steps of a run trace its functions and make its first
+        connections; counted, they made sync (which runs first in a
+        comparison) look several times slower than it is.
+        """
         g = self.snapshot()[1]
+        since = self.warmup_ended_at or self.started_at
+        g = [x for x in g if x.time > since] if self.warmup_ended_at else g
         if not g:
             return 0.0
-        return len(g) / max(max(x.time for x in g) - self.started_at, 1e-9)
+        return len(g) / max(max(x.time for x in g) - since, 1e-9)
+
+    @property
+    def warmup_s(self) -> float | None:
+        """Seconds the run spent warming up (tracing, first connections), shown apart from training."""
+        return None if self.warmup_ended_at is None else self.warmup_ended_at - self.started_at
 
     def mean_step_time(self, last: int | None = None) -> float | None:
         """Mean wall time between global updates (the last ``last`` of them)."""

@@ -98,7 +98,7 @@ class Pace:
                 rng = self._rngs[str(task)] = random.Random(f"{self.seed}-{task}")
             d = self.base * self.slowdown.get(str(task), 1.0)
             if self.jitter:
-                d *= math.exp(rng.gauss(-self.jitter**2 / 2, self.jitter))  # mean 1
+                d *= math.exp(rng.gauss(-(self.jitter**2) / 2, self.jitter))  # mean 1
             if self.hiccup and rng.random() < self.hiccup:
                 d *= self.hiccup_factor
             return d

@@ -5,9 +5,13 @@ atomic increment on the ps) and its **staleness**: how many updates by
 others landed between the worker's read of the parameters and its apply.
 A slow worker slows only itself; its gradients arrive staler.
 
-:meth:`AsyncLoop.run` is the algorithm; reading the workers' step records
-(a ring buffer on each worker, several steps per round trip) is its
-bookkeeping.
+**Stale synchronous parallel** (SSP, Ho et al. 2013) is the same loop with
+one rule added: no worker may run more than ``staleness`` steps ahead of
+the slowest (sync is 0, async is no bound).
+
+:meth:`AsyncLoop.run` and :meth:`AsyncLoop.work` are the algorithm;
+reading the workers' step records (a ring buffer on each worker, several
+steps per round trip) is its bookkeeping.
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ class AsyncLoop:
         self.control, self.history, self.params = run.control, run.history, run.params
         self.policy = run.policy
         self.steps = run.config.steps
+        self.pace = run.cluster.pace
+        self.bound = run.config.staleness if run.mode == "ssp" else None  # SSP: steps ahead of the slowest
+        self.per_call = run.config.steps_per_call
 
     def run(self) -> None:
         """Every worker steps on its own until the ps has counted ``steps`` updates."""
@@ -66,37 +73,82 @@ class AsyncLoop:
                 w.thread.join(2 if self.control.reason else 30)
 
     def work(self, w: Worker) -> None:
-        """A worker's thread: one call per step; the steps' numbers read in batches.
+        """A worker's thread: step as fast as this worker can (or its modelled machine, when paced).
 
-        With a synchronous executor a call returns once the worker answered,
-        which gives the step's end time; the step's (local step, loss, read
-        step, new step) go into a ring buffer on the worker, read for several
-        steps at once: one round trip saved per step.
+        Each call makes ``per_call`` steps there (read, compute, apply);
+        their numbers go into a ring buffer on the worker, read several steps
+        at a time.  On a paced cluster a call applies the previous step's
+        gradient and computes the next, and the thread waits out the rest of
+        the modelled step before the next call.
         """
         import tensorflow as tf
 
-        pending: list[tuple[float, float]] = []
+        pending: list[float | None] = []  # the modelled time of each step made since the last flush
         last_flush = time.monotonic()
+        # Calls go out without waiting for their answer (TensorFlow queues them to the worker in
+        # order), except where the loop must know a step is done: a pace to keep, a bound to hold.
+        fetch = self.pace is not None or self.bound is not None
         while not self.control.stopping:
             if (w.lost or w.rebuild) and not self.policy.wait_rejoin(w):
                 pending.clear()
+                w.started = False
                 continue
+            if self.bound is not None and not self.within_bound(w):
+                continue
+            fn = w.fn if (self.pace is None or w.started) else w.fn_first
             t0 = time.time()
             try:
                 with client.gate.call(self.training.who), tf.device(w.task.device):
-                    w.fn()
+                    out = fn()
+                    if fetch:
+                        out.numpy()
             except Exception as exc:  # noqa: BLE001 - sorted out by the failure policy
                 self.flush(w, pending)
                 self.policy.handle_error(w, exc)
+                w.started = False
                 continue
-            pending.append((t0, time.time()))
-            w.local_step += 1
+            back = time.time()
+            modelled = None
+            if self.pace is not None:  # wait out the modelled step: its gradient lands at its end
+                modelled = self.pace.duration(w.task, w.local_step)
+                if self.control.stopped.wait(max(0.0, t0 + modelled - back)):
+                    break
+                w.started = True
+            if fn is not w.fn_first:
+                pending.extend([modelled] * self.per_call)
+            w.local_step += self.per_call
             w.errors = 0
             if len(pending) >= FETCH_EVERY or time.monotonic() - last_flush > 0.1:
                 self.flush(w, pending)
                 last_flush = time.monotonic()
+        if self.pace is not None and w.started and not self.control.reason:
+            self.finish_paced(w, pending)
         if not self.control.reason:  # ended by the cluster going away: nothing left to read
             self.flush(w, pending, final=True)
+
+    def within_bound(self, w: Worker) -> bool:
+        """SSP: whether ``w`` may start its next step (at most ``bound`` steps ahead of the slowest).
+
+        The clocks are the workers' completed steps; a lost worker does not
+        hold the others back.  Waits a little when not, so the caller loops.
+        """
+        alive = [x.local_step for x in self.policy.workers.values() if not x.lost]
+        if not alive or w.local_step - min(alive) <= self.bound:
+            return True
+        with self.control.cond:
+            self.control.cond.wait(0.01)
+        return False
+
+    def finish_paced(self, w: Worker, pending: list) -> None:
+        """The gradient still held at the end of a paced run is applied (or masked past the last update)."""
+        import tensorflow as tf
+
+        try:
+            with client.gate.call(self.training.who), tf.device(w.task.device):
+                w.fn_last().numpy()
+            pending.append(None)
+        except Exception:  # noqa: BLE001 - a worker lost at the very end: its last step is lost with it
+            clear_executor()
 
     def flush(self, w: Worker, pending: list, final: bool = False) -> None:
         """Turn the ring's new rows into records; the run ends when a row shows the last update.
@@ -144,30 +196,40 @@ class AsyncLoop:
         fresh = sorted((r for r in rows if r[0] > w.seen_k), key=lambda r: r[0])
         if fresh:
             w.seen_k = int(fresh[-1][0])
-        times = pending[-len(fresh) :] if fresh else []
-        # rows without a call seen here (it raised here, yet ran there) take the earliest time known
-        first = times[0] if times else (time.time(), time.time())
-        times = [first] * (len(fresh) - len(times)) + times
-        for (t0, t1), (k, loss, read, new) in zip(times, fresh, strict=True):
+        modelled = pending[-len(fresh) :] if fresh else []
+        # rows without a call seen here (it raised here, yet ran there) take no modelled time
+        modelled = [None] * (len(fresh) - len(modelled)) + modelled
+        for paced, (k, loss, read, new, d0, d_read, d_grad, d_applied) in zip(modelled, fresh, strict=True):
             new = int(new)
             if new == SKIPPED:  # came after the last update: nothing was applied
                 self.control.stop()
                 continue
+            # on-device times: the step read at d0 and applied at d_applied (a pace later, when paced);
+            # the worker's idle time before it (calls, this process) is the engine's share
+            start, end = float(d0), float(d_applied)
+            engine = None if w.device_end is None or paced is not None else max(0.0, start - w.device_end)
+            w.device_end = end
             self.history.add_step(
                 StepRecord(
                     w.task,
                     int(read),
-                    t0,
-                    t1,
+                    start,
+                    end,
                     float(loss),
-                    mode="async",
+                    mode=self.training.mode,
                     local_step=int(k),
                     staleness=max(0, new - 1 - int(read)),
                     examples=self.training.config.batch_size,
                     update=new,
+                    compute=float(d_grad - d_read),
+                    transfer=float(d_read - d0),
+                    apply=float(d_applied - d_grad),
+                    engine=engine,
+                    paced=paced,
+                    warmup=int(k) < self.per_call,
                 )
             )
-            self.history.add_global(GlobalStep(new, t1, float(loss), aggregated=(w.task,)))
+            self.history.add_global(GlobalStep(new, end, float(loss), aggregated=(w.task,)))
             if not self.policy.check_loss(float(loss), new):
                 break
             if new >= self.steps:

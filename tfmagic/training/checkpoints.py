@@ -49,13 +49,14 @@ class Checkpoints:
             why = f"{type(exc).__name__}: {lines[0]}" + (f" [{where[0].strip()}]" if where else "")
             if why not in self.errors:
                 self.errors.append(why)
-            return
+            return False
         self.directory.mkdir(parents=True, exist_ok=True)
         tmp = self.directory / f".{self.name}.tmp.npz"
         arrays = {f"w{i}": w for i, w in enumerate(weights)} | {f"s{i}": s for i, s in enumerate(slots)}
         np.savez(tmp, step=step, n_weights=len(weights), n_slots=len(slots), **arrays)
         os.replace(tmp, self.path)
         self.last_step = step
+        return True
 
     def load(self) -> tuple[list[np.ndarray], list[np.ndarray], int]:
         """(weights, slots, step) of the last checkpoint."""

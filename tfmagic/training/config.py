@@ -11,7 +11,7 @@ from pathlib import Path
 from ..errors import TrainingError
 from .optimizers import NAMES as OPTIMIZERS
 
-MODES = ("sync", "async")
+MODES = ("sync", "async", "ssp")
 
 
 def _whole(label: str, value, lo: int) -> int:
@@ -39,10 +39,18 @@ class RunConfig:
     checkpoint_every: int = 50
     checkpoint_dir: Path | None = None
     name: str = ""
+    #: ssp: how many steps a worker may run ahead of the slowest (sync is 0, async unbounded)
+    staleness: int | None = None
+    #: async: updates made per call to a worker (Keras' steps_per_execution); every one recorded
+    steps_per_call: int = 1
 
     @classmethod
     def checked(cls, workers: int, **kwargs) -> RunConfig:
         """A config for a cluster with ``workers`` workers, or a :class:`TrainingError` saying what is wrong."""
+        known = {f for f in cls.__dataclass_fields__} | {"mode"}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise TrainingError(f"unknown option {unknown[0]!r}; the options are {', '.join(sorted(known))}")
         mode = kwargs.get("mode", "sync")
         if mode not in MODES:
             raise TrainingError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
@@ -54,8 +62,25 @@ class RunConfig:
                 f"backup_workers={backup} leaves no gradient to aggregate with {workers} workers; "
                 f"use at most {workers - 1}"
             )
-        if backup and mode == "async":
-            raise TrainingError("backup_workers only makes sense for mode='sync' (async never waits)")
+        if backup and mode != "sync":
+            raise TrainingError(
+                f"backup_workers only makes sense for mode='sync' ({mode} never waits for all)"
+            )
+        staleness = kwargs.get("staleness")
+        if mode == "ssp":
+            if staleness is None:
+                raise TrainingError(
+                    "mode='ssp' needs staleness=S: how many steps a worker may run ahead of the slowest"
+                )
+            staleness = _whole("staleness", staleness, 0)
+        elif staleness is not None:
+            raise TrainingError(f"staleness is for mode='ssp' (stale synchronous parallel), not {mode!r}")
+        per_call = _whole("steps_per_call", kwargs.get("steps_per_call", 1), 1)
+        if per_call > 1 and (mode == "ssp" or backup):
+            raise TrainingError(
+                "steps_per_call is for async, and for sync without backup workers: ssp and backup workers "
+                "decide between steps"
+            )
         lr = kwargs.get("lr", 0.1)
         if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not (lr > 0 and math.isfinite(lr)):
             raise TrainingError(f"lr must be a finite number > 0, not {lr!r}; for example lr=0.1")
@@ -88,4 +113,6 @@ class RunConfig:
             checkpoint_every=every,
             checkpoint_dir=Path(os.fspath(ckpt)),
             name=kwargs.get("name") or mode,
+            staleness=staleness,
+            steps_per_call=per_call,
         )

@@ -85,6 +85,7 @@ class TrainingRun:
         self._start_step = 0
         self._slots: list | None = None
         self._writer = None
+        self.kind = ""
 
     # -- what it was asked -----------------------------------------------------
     @property
@@ -217,16 +218,19 @@ class TrainingRun:
 
     def _main_body(self) -> None:
         from .asynchronous import AsyncLoop
-        from .sync import SyncLoop
+        from .sync import FusedSyncLoop, SyncLoop
 
         following = self.cluster.events.subscribe(self.policy.on_cluster_event)
         try:
             self._setup()
             self.history.started_at = time.time()
-            if self.mode == "sync":
+            if self.kind == "fused":
+                FusedSyncLoop(self).run(self._start_step, self.steps)
+            elif self.kind == "sync":
                 SyncLoop(self).run(self._start_step, self.steps)
             else:
                 AsyncLoop(self).run()
+            self._check_pace()
             if self.control.fatal is not None:
                 raise self.control.fatal
             if self.control.reason:  # the cluster went away under the run
@@ -268,8 +272,50 @@ class TrainingRun:
         last = self.history.global_steps[-1].step if self.history.global_steps else 0
         return max(last, self._start_step)
 
+    def _choose_kind(self) -> str:
+        """How the engine runs this run's steps (see :func:`~tfmagic.training.steps.place_worker`).
+
+        Sync with every worker taking part and no pace is one call per update
+        (``fused``); with backup workers, a pace, or a worker missing it is a
+        thread per worker (``sync``).  Async on a paced cluster applies each
+        gradient at its modelled step's end (``paced``).
+        """
+        if self.mode == "sync":
+            plain = self.config.backup_workers == 0 and self.cluster.pace is None
+            return "fused" if plain and all(p.alive for p in self.cluster.procs.values()) else "sync"
+        return "paced" if self.cluster.pace is not None else "async"
+
+    def _check_pace(self) -> None:
+        """Say so when the machine could not keep the modelled pace (its steps then teach the laptop)."""
+        pace = self.cluster.pace
+        if pace is None:
+            return
+        recs = [
+            r for r in self.history.records if r.paced is not None and not r.warmup and r.compute is not None
+        ]
+        if len(recs) < 10:
+            return
+        real = sorted((r.compute or 0) + (r.transfer or 0) + (r.apply or 0) for r in recs)
+        missed = sum(1 for r in recs if r.duration > r.paced * 1.25) / len(recs)
+        if missed > 0.1:
+            need = real[len(real) * 9 // 10] * 1.5
+            note = (
+                f"the machine could not keep the {pace.base * 1000:g} ms pace: {missed:.0%} of the steps took "
+                f"longer than modelled (real steps took up to {real[len(real) * 9 // 10] * 1000:.0f} ms here); "
+                f"its figures teach this machine, not the model. A pace of {need * 1000:.0f} ms or more would work"
+            )
+            self.history.notes.append(note)
+            self.history.add_event("pace", detail=note)
+
     def _setup(self) -> None:
         self.cluster.connect()
+        self.kind = self._choose_kind()
+        self.history.config["engine"] = self.kind
+        if self.mode == "sync" and self.kind != "fused" and self.config.steps_per_call > 1:
+            raise TrainingError(
+                "steps_per_call for sync needs every worker running and an unpaced cluster (one call makes "
+                "whole updates); use steps_per_call=1 here"
+            )
         away = set(client.omitted())  # tasks that did not answer: dead, or stopped from outside
         for t in self.params.ps_tasks:
             if t in away:
@@ -279,7 +325,7 @@ class TrainingRun:
                 )
         init = self.initial_weights or self.model.initial_weights(self.config.seed)
         self.params.place(init, self._start_step, self._slots)
-        if self.mode == "sync":
+        if self.kind == "sync":
             self.params.make_buffers(self.workers_n)
         self.policy.workers = {}
         for i in range(self.workers_n):
@@ -300,7 +346,8 @@ class TrainingRun:
     def place(self, w: Worker) -> None:
         place_worker(
             w,
-            mode=self.mode,
+            kind=self.kind,
+            per_call=self.config.steps_per_call,
             model=self.model,
             params=self.params,
             batch=self.config.batch_size,
@@ -310,8 +357,9 @@ class TrainingRun:
         )
 
     def checkpoint(self, force: bool = False) -> None:
-        self.checkpoints.maybe_save(self.params, self.step_now(), self._start_step, self.steps, force=force)
-        if self.checkpoints.last() is not None:
+        if self.checkpoints.maybe_save(
+            self.params, self.step_now(), self._start_step, self.steps, force=force
+        ):
             self.history.checkpoint = str(self.checkpoints.path)
 
     def weights(self) -> list[np.ndarray]:

@@ -24,8 +24,10 @@ from .. import client
 from ..errors import TrainingError
 from ..spec import TaskName
 
-#: async: how many rows of (local step, loss, read step, new step) a worker keeps
+#: async: how many rows a worker keeps of (local step, loss, read step, new step, t0, t_read,
+#: t_grad, t_applied): the last three are on-device timestamps splitting the step's time
 RING = 512
+ROW = 8
 #: async: the step number in the ring of a call that came after the last update (nothing applied)
 SKIPPED = 0
 
@@ -89,6 +91,11 @@ class Worker:
     ring: object = None
     seen_k: int = -1
     state: list = field(default_factory=list)  # the model's non-trainable values, on this worker
+    take: Callable | None = None  # k -> this worker's batch for step k (built on the worker)
+    fn_first: Callable | None = None  # paced async: the first call (compute only) ...
+    fn_last: Callable | None = None  # ... and the last one (apply only)
+    started: bool = False  # paced async: a gradient is in flight
+    device_end: float | None = None  # async: when its last recorded step ended on the worker
 
 
 def _input(w: Worker, model, batch: int, workers: int, who: str):
@@ -126,9 +133,17 @@ def _input(w: Worker, model, batch: int, workers: int, who: str):
 
 
 def place_worker(
-    w: Worker, *, mode: str, model, params, batch: int, workers: int, limit: int, who: str
+    w: Worker, *, kind: str, model, params, batch: int, workers: int, limit: int, who: str, per_call: int = 1
 ) -> None:
-    """Give ``w`` its input (its data shard, or its own input pipeline) and its step function."""
+    """Give ``w`` its input (its data shard, or its own input pipeline) and its step functions.
+
+    ``kind``: ``sync`` (a gradient into its buffer on the ps), ``fused``
+    (input and state only: the whole update is one function, see
+    :func:`fused_update`), ``async`` (read, compute and apply in one call,
+    ``per_call`` steps at a time) or ``paced`` (async split at the modelled
+    step's end: each call applies the gradient the previous one computed,
+    then computes the next).
+    """
     import tensorflow as tf
 
     inputs, take = _input(w, model, batch, workers, who)
@@ -137,102 +152,257 @@ def place_worker(
         # the model's non-trainable values (batch-norm statistics, dropout seeds): this worker's own
         state = [tf.Variable(a, trainable=False) for a in model.initial_state()]
         ring = (
-            tf.Variable(tf.fill([RING, 4], tf.constant(-1.0, tf.float64)), name=f"ring_{w.index}")
-            if mode == "async"
+            tf.Variable(tf.fill([RING, ROW], tf.constant(-1.0, tf.float64)), name=f"ring_{w.index}")
+            if kind in ("async", "paced")
             else None
         )
-    if mode == "async":
-        w.fn = kept(async_step(model, params, take, state, counter, ring, limit))
-    else:
+        pending = (
+            (
+                [tf.Variable(tf.zeros_like(v), trainable=False) for v in params.variables],
+                tf.Variable(tf.zeros([6], tf.float64)),
+            )
+            if kind == "paced"
+            else None
+        )
+    w.take, w.state, w.counter, w.tensors, w.ring, w.seen_k = take, state, counter, inputs, ring, -1
+    if kind == "sync":
         w.fn = kept(sync_step(model, params, take, state, params.buffers[w.index]))
-    w.counter, w.tensors, w.ring, w.seen_k, w.state = counter, inputs, ring, -1, state
+    elif kind == "async":
+        w.fn = kept(async_step(model, params, take, state, counter, ring, limit, per_call))
+    elif kind == "paced":
+        w.fn_first, w.fn, w.fn_last = (
+            kept(f) for f in paced_steps(model, params, take, state, counter, ring, limit, pending)
+        )
     w.rebuild = False
     w.errors = 0
 
 
+def _read(variables):
+    """The parameters, read onto the device the step runs on (moving them is part of the step)."""
+    import tensorflow as tf
+
+    return [tf.identity(v) for v in variables]
+
+
+def _gradient(model, variables, take, k, state):
+    """(t_read, loss, grads, t_grad) of the batch for step ``k``, from parameters read now."""
+    import tensorflow as tf
+
+    ws = _read(variables)
+    with tf.control_dependencies(ws):
+        t_read = tf.timestamp()
+        xb, yb = take(k)
+    with tf.GradientTape() as tape:
+        tape.watch(ws)
+        loss = model.loss(ws, xb, yb, training=True, state=state)
+    grads = tape.gradient(loss, ws)
+    with tf.control_dependencies(grads):
+        t_grad = tf.timestamp()
+    return t_read, loss, grads, t_grad
+
+
+def _f64(*xs):
+    import tensorflow as tf
+
+    return tf.stack([tf.cast(x, tf.float64) for x in xs])
+
+
 def sync_step(model, params, take, state, buffers):
-    """A gradient from the current parameters, left in this worker's buffers on the ps."""
+    """A gradient from the current parameters, left in this worker's buffers on the ps.
+
+    Returns (loss, step read, t0, t_read, t_grad, t_pushed) as on-device timestamps.
+    """
     import tensorflow as tf
 
     variables, gstep = params.variables, params.global_step
 
     @tf.function
     def step():
+        t0 = tf.timestamp()
         k = gstep.read_value()
-        with tf.control_dependencies([k]):
-            xb, yb = take(k)
-            with tf.GradientTape() as tape:
-                loss = model.loss(variables, xb, yb, training=True, state=state)
-        grads = tape.gradient(loss, variables)
+        t_read, loss, grads, t_grad = _gradient(model, variables, take, k, state)
         writes = [b.assign(g) for b, g in zip(buffers, grads, strict=True)]
         with tf.control_dependencies(writes):
-            return tf.stack([tf.cast(loss, tf.float64), tf.cast(k, tf.float64)])
+            return _f64(loss, k, t0, t_read, t_grad, tf.timestamp())
 
     return step
 
 
-def async_step(model, params, take, state, counter, ring, limit):
-    """Read, compute, take a step number, apply: one call to the worker per update."""
+def _count_and_apply(params, grads, limit, k, loss, read, t0, t_read, t_grad, ring):
+    """Take an update number from the ps, apply ``grads`` if it is within ``limit``, write the ring row."""
     import tensorflow as tf
 
     variables, opt, gstep = params.variables, params.optimizer, params.global_step
+    with tf.control_dependencies(grads):
+        # An atomic fetch-and-increment: every update gets its own step number
+        # (assign_add followed by a read is two ops and races).
+        new = tf.raw_ops.ResourceCountUpTo(resource=gstep.handle, limit=2**62, T=tf.int64) + 1
+    # Past `limit` (other workers took the last numbers while this one computed)
+    # nothing is applied: the run has exactly `limit` updates.  A mask, not tf.cond:
+    # a cond's branch functions fail to be removed from the remote tasks later, and
+    # that error lands on another call.
+    active = new <= limit
+    with tf.control_dependencies(opt.apply(grads, variables, active)):
+        new = tf.where(active, new, tf.constant(SKIPPED, tf.int64))
+        t_applied = tf.timestamp()
+    row = _f64(k, loss, read, new, t0, t_read, t_grad, t_applied)
+    # the row stays on the worker until the engine reads the ring
+    return ring.scatter_nd_update([[tf.cast(k, tf.int64) % RING]], [row])
+
+
+def async_step(model, params, take, state, counter, ring, limit, per_call: int = 1):
+    """Read, compute, take a step number, apply: ``per_call`` updates per call to the worker."""
+    import tensorflow as tf
+
+    variables, gstep = params.variables, params.global_step
 
     @tf.function
     def step():
-        read = gstep.read_value()
-        k = counter.assign_add(1) - 1
-        with tf.control_dependencies([read]):
-            xb, yb = take(k)
-            with tf.GradientTape() as tape:
-                loss = model.loss(variables, xb, yb, training=True, state=state)
-        grads = tape.gradient(loss, variables)
-
-        with tf.control_dependencies(grads):
-            # An atomic fetch-and-increment: every update gets its own step
-            # number (assign_add followed by a read is two ops and races).
-            new = tf.raw_ops.ResourceCountUpTo(resource=gstep.handle, limit=2**62, T=tf.int64) + 1
-
-        # Past `limit` (other workers took the last numbers while this one
-        # computed) nothing is applied: the run has exactly `limit` updates.
-        # A mask, not tf.cond: a cond's branch functions fail to be removed
-        # from the remote tasks later, and that error lands on another call.
-        active = new <= limit
-        with tf.control_dependencies(opt.apply(grads, variables, active)):
-            new = tf.where(active, new, tf.constant(SKIPPED, tf.int64))
-        row = tf.stack(
-            [
-                tf.cast(k, tf.float64),
-                tf.cast(loss, tf.float64),
-                tf.cast(read, tf.float64),
-                tf.cast(new, tf.float64),
-            ]
-        )
-        # the row stays on the worker until the engine reads the ring
-        ring.scatter_nd_update([[k % RING]], [row])
-        return new
+        done = []
+        for _ in range(per_call):  # written out: a graph loop (tf.while_loop) gained much less
+            with tf.control_dependencies(done):
+                t0 = tf.timestamp()
+                read = gstep.read_value()
+                k = counter.assign_add(1) - 1
+            t_read, loss, grads, t_grad = _gradient(model, variables, take, k, state)
+            done = [_count_and_apply(params, grads, limit, k, loss, read, t0, t_read, t_grad, ring)]
+        with tf.control_dependencies(done):
+            return tf.identity(counter.read_value())
 
     return step
 
 
+def paced_steps(model, params, take, state, counter, ring, limit, pending):
+    """Async on a paced cluster: (first, next, last) calls of a worker.
+
+    A modelled machine reads the parameters when its step starts and applies
+    its gradient when the step ends, a pace later; others' updates land in
+    between (that is staleness).  So each call *applies* the gradient the
+    previous call computed and *computes* the next one from the parameters
+    as they are now: one call per step, at the modelled step's boundary.
+    ``first`` only computes, ``last`` only applies.
+    """
+    import tensorflow as tf
+
+    variables, gstep = params.variables, params.global_step
+    held, meta = pending  # gradient and (k, loss, read, t0, t_read, t_grad) of the step in flight
+
+    def compute():
+        t0 = tf.timestamp()
+        read = gstep.read_value()
+        k = counter.assign_add(1) - 1
+        t_read, loss, grads, t_grad = _gradient(model, variables, take, k, state)
+        writes = [h.assign(g) for h, g in zip(held, grads, strict=True)]
+        writes.append(meta.assign(_f64(k, loss, read, t0, t_read, t_grad)))
+        return writes
+
+    def apply_held():
+        m = meta.read_value()
+        grads = [h.read_value() for h in held]
+        return [_count_and_apply(params, grads, limit, m[0], m[1], m[2], m[3], m[4], m[5], ring)]
+
+    @tf.function
+    def first():
+        with tf.control_dependencies(compute()):
+            return tf.identity(counter.read_value())
+
+    @tf.function
+    def next_step():
+        with tf.control_dependencies(apply_held()):
+            done = compute()
+        with tf.control_dependencies(done):
+            return tf.identity(counter.read_value())
+
+    @tf.function
+    def last():
+        with tf.control_dependencies(apply_held()):
+            return tf.identity(counter.read_value())
+
+    return first, next_step, last
+
+
 def make_apply(params):
-    """Sync: average the gradients of the workers in ``chosen`` (a 0/1 vector) and apply them once, on the ps."""
+    """Sync: average the gradients of the workers in ``chosen`` (a 0/1 vector) and apply them once, on the ps.
+
+    Returns (new global step, t_apply_start, t_apply_end), timestamps on the ps.
+    """
     import tensorflow as tf
 
     variables, opt, gstep, buffers = params.variables, params.optimizer, params.global_step, params.buffers
 
     @tf.function
     def apply(chosen):
+        t0 = tf.timestamp()
         n = tf.reduce_sum(chosen)
         avg = []
-        for j, v in enumerate(variables):
-            with tf.device(v.device):
-                # tf.where, not a product: a buffer being rewritten by a late worker is never read
-                parts = [
-                    tf.where(chosen[i] > 0, row[j], tf.zeros_like(row[j])) for i, row in enumerate(buffers)
-                ]
-                avg.append(tf.add_n(parts) / n)
+        with tf.control_dependencies([t0]):
+            for j, v in enumerate(variables):
+                with tf.device(v.device):
+                    # tf.where, not a product: a buffer being rewritten by a late worker is never read
+                    parts = [
+                        tf.where(chosen[i] > 0, row[j], tf.zeros_like(row[j]))
+                        for i, row in enumerate(buffers)
+                    ]
+                    avg.append(tf.add_n(parts) / n)
         updates = opt.apply(avg, variables)
         with tf.control_dependencies(updates):
-            return gstep.assign_add(1)
+            newk = gstep.assign_add(1)
+            return _f64(newk, t0, tf.timestamp())
 
     return kept(apply)
+
+
+def fused_update(model, params, workers: list[Worker], per_call: int = 1):
+    """Sync with every worker taking part: ``per_call`` whole updates in one function, called once.
+
+    Each worker's gradient is computed on that worker, they are averaged and
+    applied on the ps, all inside one multi-device function: one round trip
+    to the cluster per call instead of one per worker and one for the apply
+    (measured here, 2 workers: 1.6 to 2.5 times as many updates per second).
+    ``per_call`` updates are written out one after the other in the graph,
+    each reading what the one before applied: the same arithmetic as one
+    call each.  It waits for every worker, so it serves sync without backup
+    workers and without a pace; the per-worker threads serve the rest.
+
+    Returns, per update, (new step, t_apply_start, t_apply_end) and, per
+    worker, (loss, step read, t0, t_read, t_grad, t_arrived at the ps).
+    """
+    import tensorflow as tf
+
+    variables, opt, gstep = params.variables, params.optimizer, params.global_step
+    ps = params.ps_tasks[0].device
+
+    @tf.function
+    def update():
+        out = []
+        done = []
+        for _ in range(per_call):
+            with tf.device(ps), tf.control_dependencies(done):
+                k = gstep.read_value()
+            heads, all_grads = [], []
+            for w in workers:
+                with tf.device(w.task.device), tf.control_dependencies([k]):
+                    t0 = tf.timestamp()
+                    t_read, loss, grads, t_grad = _gradient(model, variables, w.take, k, w.state)
+                with tf.device(ps):
+                    arrived = [tf.identity(g) for g in grads]  # the gradient moved to the ps
+                    with tf.control_dependencies(arrived):
+                        t_arrived = tf.timestamp()
+                heads.append(_f64(loss, k, t0, t_read, t_grad, t_arrived))
+                all_grads.append(arrived)
+            with tf.device(ps):
+                with tf.control_dependencies(heads):
+                    t_apply = tf.timestamp()
+                with tf.control_dependencies([t_apply]):
+                    avg = [
+                        tf.add_n([g[j] for g in all_grads]) / float(len(workers))
+                        for j in range(len(variables))
+                    ]
+                with tf.control_dependencies(opt.apply(avg, variables)):
+                    newk = gstep.assign_add(1)
+                    out.append(tf.concat([_f64(newk, t_apply, tf.timestamp()), *heads], 0))
+                done = [out[-1]]
+        with tf.device(ps):
+            return tf.stack(out)
+
+    return kept(update)

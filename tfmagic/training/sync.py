@@ -7,7 +7,16 @@ and applied once on the ps; gradients that arrive later were computed from
 old parameters and are dropped and counted.  The slowest worker of those
 aggregated sets the pace.
 
-:meth:`SyncLoop.run` is the algorithm; the rest is its bookkeeping.
+Two loops carry it out:
+
+* :class:`SyncLoop`, the general one: a thread per worker computes, this
+  loop collects the first gradients to arrive and applies them.  It serves
+  backup workers, paced clusters and lost workers rejoining.
+* :class:`FusedSyncLoop`, when every worker takes part and nothing is
+  paced: the whole update is one function called once (one round trip per
+  update instead of three), with the same result.
+
+Each loop's ``run`` is the algorithm; the rest is bookkeeping.
 """
 
 from __future__ import annotations
@@ -20,9 +29,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import client
+from ..errors import TrainingError
 from ..metrics import GlobalStep, StepRecord
 from .params import clear_executor
-from .steps import Worker, make_apply, with_own_executor
+from .steps import Worker, fused_update, make_apply, with_own_executor
 
 
 @dataclass
@@ -32,8 +42,11 @@ class Gradient:
     step: int
     worker: Worker
     loss: float
-    start: float
-    end: float
+    start: float  # this process's clock: the call went out
+    end: float  # the gradient counts as arrived (after the pace, when paced)
+    device: tuple  # on-device timestamps: (t0, t_read, t_grad, t_pushed)
+    returned: float  # the call came back
+    paced: float | None = None  # the modelled step time
 
 
 class SyncLoop:
@@ -43,20 +56,25 @@ class SyncLoop:
         self.training = run
         self.control, self.history, self.params = run.control, run.history, run.params
         self.policy = run.policy
+        self.pace = run.cluster.pace
         self.replicas = run.workers_n - run.config.backup_workers
         self.current = -1  # the step the workers compute now
+        self.started = 0.0  # when step `current` was announced
+        self.overhead = 0.0  # apply + announce, learnt: a paced step ends that much early
         self.results: queue.Queue[Gradient] = queue.Queue()
         self.apply = make_apply(self.params)
+        self.first = None
 
     def run(self, first: int, last: int) -> None:
         """Updates ``first`` .. ``last - 1``: wait for enough gradients of each, average, apply."""
+        self.first = first
         self.start_workers()
         for t in range(first, last):
             self.announce(t)  # workers read the parameters of step t
             collected = self.collect(t)  # the first `replicas` gradients of step t, applied
             if collected is None:
                 return  # stopped
-            self.record(t, collected)
+            self.record(t, *collected)
             self.training.checkpoint()
         self.drain()  # what arrives late for the last step is dropped, and counted
 
@@ -70,7 +88,7 @@ class SyncLoop:
 
     def announce(self, t: int) -> None:
         with self.control.cond:
-            self.current = t
+            self.current, self.started = t, time.time()
             self.control.cond.notify_all()
 
     def work(self, w: Worker) -> None:
@@ -85,22 +103,31 @@ class SyncLoop:
                 return
             if (w.lost or w.rebuild) and not self.policy.wait_rejoin(w):
                 continue
-            step = self.current
+            step, announced = self.current, self.started
             t0 = time.time()
             try:
                 with client.gate.call(self.training.who), tf.device(w.task.device):
-                    loss, read = w.fn().numpy()
+                    loss, read, *device = w.fn().numpy()
             except Exception as exc:  # noqa: BLE001 - sorted out by the failure policy
                 self.policy.handle_error(w, exc)
                 continue
+            returned = end = time.time()
+            modelled = None
+            if self.pace is not None:  # the modelled machine takes its time (this call counts in it)
+                modelled = self.pace.duration(w.task, w.local_step)
+                end = max(returned, announced + modelled - self.overhead)
+                if self.control.stopped.wait(end - returned):
+                    return
+                end = max(end, time.time())
             w.errors = 0
             w.last_step = step
             w.local_step += 1
-            self.results.put(Gradient(int(read), w, float(loss), t0, time.time()))
+            self.results.put(Gradient(int(read), w, float(loss), t0, end, tuple(device), returned, modelled))
 
     # -- the aggregator's side ---------------------------------------------------
-    def collect(self, t: int) -> list[Gradient] | None:
-        """The first ``replicas`` gradients for step ``t``, averaged and applied; None if stopped."""
+    def collect(self, t: int) -> tuple[list[Gradient], tuple] | None:
+        """The first ``replicas`` gradients for step ``t``, averaged and applied (and the apply's
+        timestamps); None if stopped."""
         import tensorflow as tf
 
         collected: list[Gradient] = []
@@ -118,14 +145,15 @@ class SyncLoop:
                 elif res.step != t:
                     self.record_dropped(res)
                     if res.step > t and self.was_applied(t):
-                        return collected  # the ps is past t: step t's update happened
+                        return collected, (time.time(), None, None)  # the ps is past t: it happened
+            chosen = [0.0] * self.training.workers_n
+            for r in collected:
+                chosen[r.worker.index] = 1.0
             try:
-                chosen = [0.0] * self.training.workers_n
-                for r in collected:
-                    chosen[r.worker.index] = 1.0
+                a0 = time.time()
                 with client.gate.call(self.training.who), tf.device(self.params.ps_tasks[0].device):
-                    self.apply(tf.constant(chosen)).numpy()
-                return collected
+                    _, ps0, ps1 = self.apply(tf.constant(chosen)).numpy()
+                return collected, (a0, ps0, ps1)
             except Exception:
                 clear_executor()
                 if self.control.stopping:
@@ -143,7 +171,7 @@ class SyncLoop:
                     # The update ran; the failure was another call's, reported on this one.
                     # Collecting again would wait forever: the workers that took part are
                     # done with step t, the others now read t + 1.
-                    return collected
+                    return collected, (a0, None, None)
                 if not any(r.worker.lost for r in collected):
                     raise
                 collected = [r for r in collected if not r.worker.lost]
@@ -162,9 +190,15 @@ class SyncLoop:
             time.sleep(0.1)
         return False
 
-    def record(self, t: int, collected: list[Gradient]) -> None:
+    def record(self, t: int, collected: list[Gradient], applied: tuple) -> None:
+        a0, ps0, ps1 = applied
         now = time.time()
+        apply_s = None if ps0 is None else ps1 - ps0
+        if apply_s is not None:  # the apply and the next announcement: what a paced step leaves for them
+            self.overhead = 0.8 * self.overhead + 0.2 * (now - a0)
+        warm = t == self.first
         for r in collected:
+            d0, d_read, d_grad, d_pushed = r.device
             self.history.add_step(
                 StepRecord(
                     r.worker.task,
@@ -177,12 +211,21 @@ class SyncLoop:
                     applied=True,
                     examples=self.training.config.batch_size,
                     update=t + 1,
+                    compute=d_grad - d_read,
+                    transfer=(d_read - d0) + (d_pushed - d_grad),
+                    wait=max(0.0, a0 - r.end),
+                    apply=apply_s,
+                    engine=max(0.0, (r.returned - r.start) - (d_pushed - d0)) + (now - a0 - (apply_s or 0.0)),
+                    paced=r.paced,
+                    warmup=warm,
                 )
             )
         loss = float(np.mean([r.loss for r in collected]))
         self.history.add_global(
             GlobalStep(t + 1, now, loss, aggregated=tuple(r.worker.task for r in collected))
         )
+        if warm:
+            self.history.warmup_ended_at = now
         self.policy.check_loss(loss, t + 1)
 
     def record_dropped(self, res: Gradient) -> None:
@@ -198,6 +241,7 @@ class SyncLoop:
                 applied=False,
                 dropped=True,
                 examples=self.training.config.batch_size,
+                paced=res.paced,
             )
         )
         self.history.add_event(
@@ -210,3 +254,105 @@ class SyncLoop:
                 self.record_dropped(self.results.get_nowait())
             except queue.Empty:
                 break
+
+
+class FusedSyncLoop:
+    """Sync with every worker taking part and no pace: one call per update does all of it."""
+
+    def __init__(self, run) -> None:
+        self.training = run
+        self.control, self.history, self.params = run.control, run.history, run.params
+        self.policy = run.policy
+        self.workers = list(run.policy.workers.values())
+        per_call = run.config.steps_per_call
+        # every worker's gradient, the average, the apply: per_call updates per call
+        self.update = fused_update(run.model, self.params, self.workers, per_call)
+        self.single = (
+            (lambda: self.update)
+            if per_call == 1
+            else (lambda: fused_update(run.model, self.params, self.workers))
+        )
+
+    def run(self, first: int, last: int) -> None:
+        """Updates ``first`` .. ``last - 1``: each one call that computes, averages and applies."""
+        import tensorflow as tf
+
+        done = None  # the updates whose numbers are recorded while the next call runs
+        per_call = self.training.config.steps_per_call
+        for t in range(first, last, per_call):
+            if self.control.stopping:
+                break
+            if t + per_call > last:  # the last few updates: one call each (another function)
+                per_call, self.update = 1, self.single()
+            c0 = time.time()
+            try:
+                with client.gate.call(self.training.who), tf.device(self.params.ps_tasks[0].device):
+                    handle = self.update()  # goes out at once; this process records the last one meanwhile
+                    if done is not None:
+                        self.record(*done)
+                        done = None
+                    out = handle.numpy()
+            except Exception as exc:  # noqa: BLE001 - a lost task: the policy says what it means
+                self.fail(t, exc)
+                return
+            done = (t, out, c0, time.time())
+            self.training.checkpoint()
+        if done is not None:
+            self.record(*done)
+
+    def fail(self, t: int, exc: Exception) -> None:
+        clear_executor()
+        if self.control.stopping:
+            return
+        dead = self.params.dead_ps()
+        if dead is not None:
+            raise self.policy.ps_lost(dead) from None
+        for w in self.workers:
+            proc = self.training.cluster.procs.get(w.task)
+            if proc is not None:
+                proc.wait_for(lambda p=proc: not p.alive, 1.0)
+            if proc is None or not proc.alive:
+                w.lost = True
+        self.policy.check_enough_workers(t, len(self.workers))  # raises, naming the lost worker
+        raise TrainingError(f"a sync update failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+
+    def record(self, t: int, outs, c0: float, c1: float) -> None:
+        outs = np.asarray(outs)
+        first_t0 = float(outs[0, 3 + 2 :: 6].min())
+        engine = max(0.0, (c1 - c0) - (float(outs[-1, 2]) - first_t0)) / len(outs)  # per update
+        for out in outs:
+            self.record_one(out, engine, c1)
+
+    def record_one(self, out, shared_engine: float, c1: float) -> None:
+        newk, a0, a1 = out[:3]
+        heads = out[3:].reshape(len(self.workers), 6)
+        warm = not self.history.global_steps
+        for w, (loss, read, d0, d_read, d_grad, arrived) in zip(self.workers, heads, strict=True):
+            w.local_step += 1
+            self.history.add_step(
+                StepRecord(
+                    w.task,
+                    int(read),
+                    float(d0),
+                    float(arrived),
+                    float(loss),
+                    mode="sync",
+                    local_step=w.local_step,
+                    applied=True,
+                    examples=self.training.config.batch_size,
+                    update=int(newk),
+                    compute=float(d_grad - d_read),
+                    transfer=float((d_read - d0) + (arrived - d_grad)),
+                    wait=float(max(0.0, a0 - arrived)),
+                    apply=float(a1 - a0),
+                    engine=shared_engine,
+                    warmup=warm,
+                )
+            )
+        loss = float(np.mean(heads[:, 0]))
+        self.history.add_global(
+            GlobalStep(int(newk), c1, loss, aggregated=tuple(w.task for w in self.workers))
+        )
+        if warm:
+            self.history.warmup_ended_at = c1
+        self.policy.check_loss(loss, int(newk))
