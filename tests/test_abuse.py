@@ -160,12 +160,18 @@ def test_an_interrupted_cell_on_a_stopped_task_does_not_wedge_a_restart(kernel):
     kernel.ok("%tf_cluster start --ps 1 --workers 2 --replace", timeout=180)
     kernel.ok("%%tf_device worker:0\nx = tf.constant(1.0) + 1")
     w0 = kernel.value("tfmagic.current_cluster().procs[tfmagic.TaskName('worker', 0)].pid")
-    os.kill(w0, signal.SIGSTOP)
+    stopper = threading.Timer(1.5, os.kill, (w0, signal.SIGSTOP))  # stopped while the cell runs on it
+    stopper.start()
     try:
         reply = kernel.run(
-            "%%tf_device worker:0\ny = (tf.constant(2.0) * 3).numpy()", timeout=60, interrupt_after=3
+            "%%tf_device worker:0\nfor i in range(100000):\n    y = (tf.constant(2.0) * 3).numpy()",
+            timeout=60,
+            interrupt_after=4,
         )
         assert reply.status == "error" and "Interrupted" in reply.text, reply.text
+        # a new cell on it is refused at once, by name
+        msg = _usage_line(kernel.run("%%tf_device worker:0\ny = 1", timeout=30))
+        assert "worker:0 is stopped (SIGSTOP)" in msg and "--force" in msg, msg
         t0 = time.monotonic()
         reply = kernel.run("%tf_cluster restart worker:1 --force", timeout=60)
         assert time.monotonic() - t0 < 30
@@ -174,6 +180,7 @@ def test_an_interrupted_cell_on_a_stopped_task_does_not_wedge_a_restart(kernel):
             assert "worker:0" in reply.error["evalue"] or "does not answer" in reply.error["evalue"]
         assert kernel.value("1 + 1") == 2, "the kernel answers"
     finally:
+        stopper.join()
         os.kill(w0, signal.SIGCONT)
     kernel.ok("%tf_cluster restart worker:0 --force", timeout=120)
     kernel.ok("%tf_cluster restart worker:1 --force", timeout=120)
