@@ -11,7 +11,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from .. import session
 from ..errors import TfmagicError
 from . import render
-from .verbs import count, positive, positive_count, seconds
+from .verbs import count, positive, positive_count, seconds, unquote
 
 
 @magics_class
@@ -23,7 +23,28 @@ class TrainingMagics(Magics):
         return getattr(self.shell, "kernel", None) is not None
 
     @magic_arguments()
-    @argument("--mode", default="sync", help="sync | async | compare (sync, then async, from the same start)")
+    @argument(
+        "--mode",
+        default="sync",
+        help="sync | async | ssp (with --staleness) | compare (sync, then async, same start)",
+    )
+    @argument(
+        "--staleness",
+        type=count,
+        default=None,
+        help="ssp: how many steps a worker may run ahead of the slowest",
+    )
+    @argument(
+        "--steps-per-call",
+        type=positive_count,
+        default=1,
+        help="updates per call to the cluster (async; sync without backups)",
+    )
+    @argument(
+        "--events",
+        default=None,
+        help='scripted events, e.g. "500: slow worker:1 4; 900: kill worker:2; 1300: restart worker:2"',
+    )
     @argument(
         "--model",
         default="linear",
@@ -80,8 +101,20 @@ class TrainingMagics(Magics):
             optimizer=args.optimizer,
             seed=args.seed,
             logdir=args.logdir,
+            steps_per_call=args.steps_per_call,
+            **({"events": unquote(args.events)} if args.events else {}),
         )
+        if args.staleness is not None:
+            if args.mode != "ssp":
+                raise UsageError(
+                    "--staleness is for --mode ssp (stale synchronous parallel), e.g. --mode ssp --staleness 2"
+                )
+            opts["staleness"] = args.staleness
         try:
+            if args.mode == "ssp" and args.staleness is None:
+                raise UsageError(
+                    "--mode ssp needs --staleness N: how many steps a worker may run ahead of the slowest"
+                )
             if args.mode == "compare":
                 run = training.compare(cluster, block=False, **opts)
             elif args.mode in training.MODES:

@@ -74,8 +74,10 @@ class Comparison:
         self.runs: list[TrainingRun] = []
         for m in modes:
             opts = dict(kwargs)
-            if m == "async":
+            if m != "sync":
                 opts.pop("backup_workers", None)
+            if m != "ssp":
+                opts.pop("staleness", None)
             self.runs.append(TrainingRun(cluster, m, model=model, name=m, **opts))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

@@ -126,6 +126,13 @@ class AsyncLoop:
         if not self.control.reason:  # ended by the cluster going away: nothing left to read
             self.flush(w, pending, final=True)
 
+    def warmed(self) -> None:
+        """Warm-up ends when every running worker has made its first call (tracing, connections)."""
+        if self.history.warmup_ended_at is None:
+            ends = [x.warm_end for x in self.policy.workers.values() if not x.lost]
+            if ends and all(e is not None for e in ends):
+                self.history.warmup_ended_at = max(ends)
+
     def within_bound(self, w: Worker) -> bool:
         """SSP: whether ``w`` may start its next step (at most ``bound`` steps ahead of the slowest).
 
@@ -229,6 +236,9 @@ class AsyncLoop:
                     warmup=int(k) < self.per_call,
                 )
             )
+            if int(k) < self.per_call:
+                w.warm_end = end
+                self.warmed()
             self.history.add_global(GlobalStep(new, end, float(loss), aggregated=(w.task,)))
             if not self.policy.check_loss(float(loss), new):
                 break

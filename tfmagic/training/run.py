@@ -18,6 +18,7 @@ from .. import client, events
 from ..errors import TrainingError
 from ..metrics import History
 from ..spec import TaskName
+from . import schedule
 from .checkpoints import Checkpoints
 from .config import RunConfig
 from .control import Control
@@ -25,6 +26,7 @@ from .failures import FailurePolicy
 from .models import Model, resolve
 from .optimizers import Optimizer
 from .params import ParameterStore, clear_executor
+from .schedule import Schedule
 from .steps import Worker, own_executor, place_worker
 
 #: how long ``stop()`` waits for the run's calls before it leaves them behind
@@ -41,7 +43,13 @@ class TrainingRun:
     """
 
     def __init__(
-        self, cluster, mode: str = "sync", model="linear", initial_weights: list | None = None, **kwargs
+        self,
+        cluster,
+        mode: str = "sync",
+        model="linear",
+        initial_weights: list | None = None,
+        events: str | list | None = None,
+        **kwargs,
     ) -> None:
         if cluster is None or not cluster.running:
             raise TrainingError(
@@ -86,6 +94,13 @@ class TrainingRun:
         self._slots: list | None = None
         self._writer = None
         self.kind = ""
+        self.scheduled = Schedule(self)
+        if events:
+            self.scheduled.add(
+                schedule.parse(events, cluster)
+                if isinstance(events, str)
+                else [schedule.make(*e, cluster=cluster) if isinstance(e, tuple) else e for e in events]
+            )
 
     # -- what it was asked -----------------------------------------------------
     @property
@@ -102,7 +117,28 @@ class TrainingRun:
         return self.params.variables
 
     # -- control -------------------------------------------------------------
+    def schedule(
+        self, step: int, *, slow: tuple | None = None, kill: str | None = None, restart: str | None = None
+    ) -> TrainingRun:
+        """Slow, kill or restart a task when the run reaches update ``step`` (see :mod:`.schedule`).
+
+        >>> run.schedule(step=500, slow=("worker:1", 4))   # doctest: +SKIP
+        >>> run.schedule(step=900, kill="worker:2")         # doctest: +SKIP
+        """
+        given = [(v, a) for v, a in (("slow", slow), ("kill", kill), ("restart", restart)) if a is not None]
+        if len(given) != 1:
+            raise TrainingError(
+                "schedule one event at a time: slow=(task, factor), kill=task or restart=task"
+            )
+        verb, arg = given[0]
+        task, extra = (arg[0], arg[1]) if verb == "slow" and isinstance(arg, tuple) else (arg, None)
+        if verb == "slow" and extra is None:
+            raise TrainingError("slow takes (task, factor), e.g. slow=('worker:1', 4)")
+        self.scheduled.add([schedule.make(step, verb, task, extra, self.cluster)])
+        return self
+
     def start(self) -> TrainingRun:
+        self.scheduled.add([])  # follows the history again if events are still to come (a resume)
         self._thread = threading.Thread(target=self._main, name=f"tfmagic-train-{self.name}", daemon=True)
         self._thread.start()
         events.started.publish(self)
@@ -254,6 +290,7 @@ class TrainingRun:
                 if w.thread is not None:
                     w.thread.join(2 if self.control.reason else 30)
             following.close()
+            self.scheduled.close()
             if not self._abandoned:
                 if self.error is not None:
                     self.history.error = str(self.error)

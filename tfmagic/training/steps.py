@@ -96,6 +96,7 @@ class Worker:
     fn_last: Callable | None = None  # ... and the last one (apply only)
     started: bool = False  # paced async: a gradient is in flight
     device_end: float | None = None  # async: when its last recorded step ended on the worker
+    warm_end: float | None = None  # when its first (warm-up) call ended
 
 
 def _input(w: Worker, model, batch: int, workers: int, who: str):

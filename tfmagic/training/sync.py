@@ -304,6 +304,10 @@ class FusedSyncLoop:
         clear_executor()
         if self.control.stopping:
             return
+        procs = self.training.cluster.procs
+        deadline = time.monotonic() + 1.0  # a task dying right now: give the owner a moment to see it
+        for proc in list(procs.values()):
+            proc.wait_for(lambda p=proc: not p.alive, max(0.0, deadline - time.monotonic()))
         dead = self.params.dead_ps()
         if dead is not None:
             raise self.policy.ps_lost(dead) from None
