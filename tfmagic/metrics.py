@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from .events import Event, Topic
 from .spec import TaskName
 
-__all__ = ["Event", "GlobalStep", "History", "StepRecord"]
+__all__ = ["Evaluation", "Event", "GlobalStep", "History", "StepRecord"]
 
 
 @dataclass
@@ -79,6 +79,16 @@ class GlobalStep:
     run: str = ""
 
 
+@dataclass
+class Evaluation:
+    """The loss on held-out examples after ``step`` updates: the same measure for every mode."""
+
+    step: int
+    time: float
+    loss: float
+    run: str = ""
+
+
 class History:
     """Everything one training run recorded.  Safe to read while it grows.
 
@@ -96,6 +106,8 @@ class History:
         self.global_steps: list[GlobalStep] = []
         #: updates lost with a ps after its last checkpoint, and made again after resume()
         self.rolled_back: list[GlobalStep] = []
+        #: (update, time, loss on the same held-out examples): the one measure every mode shares
+        self.evals: list[tuple[int, float, float]] = []
         self.events: list[Event] = []
         self.started_at = time.time()
         self.ended_at: float | None = None
@@ -153,6 +165,12 @@ class History:
             self.events.append(event)
         self.feed.publish(event)
         return event
+
+    def add_eval(self, step: int, when: float, loss: float) -> None:
+        """The loss on the run's held-out probe examples after ``step`` updates (see TrainingRun)."""
+        with self._lock:
+            self.evals.append((step, when, loss))
+        self.feed.publish(Evaluation(step, when, loss, self.run))
 
     def rollback(self, step: int) -> int:
         """Updates after ``step`` were lost (a ps died after its last checkpoint): mark them.

@@ -260,6 +260,8 @@ class TrainingRun:
         try:
             self._setup()
             self.history.started_at = time.time()
+            probe = threading.Thread(target=self._probe, name=f"tfmagic-probe-{self.name}", daemon=True)
+            probe.start()
             if self.kind == "fused":
                 FusedSyncLoop(self).run(self._start_step, self.steps)
             elif self.kind == "sync":
@@ -414,6 +416,46 @@ class TrainingRun:
                 except Exception:  # noqa: BLE001 - a worker lost at the very end: try the next
                     clear_executor()
         return None
+
+    #: the held-out examples every mode's loss is measured on during training (the same for all)
+    PROBE_EXAMPLES = 256
+
+    def _probe(self) -> None:
+        """Every ``probe_every`` updates, the loss on the same held-out examples, whatever the mode.
+
+        A sync update's loss is the mean over the batches it averaged, an
+        async update's is one batch: curves of those are not the same
+        measure.  This one is (``History.evals``), so modes compare fairly.
+        Read from the ps between steps, computed here; about one read of the
+        weights per probe.
+        """
+        import tensorflow as tf
+
+        every = max(10, self.steps // 40)
+        data = self.model.data
+        x, y = data.x_test[: self.PROBE_EXAMPLES], data.y_test[: self.PROBE_EXAMPLES]
+        if not len(x):
+            return
+        state = [tf.constant(a) for a in self.model.initial_state()] or None
+        next_at = every
+        with own_executor():
+            while not self.control.stopping:
+                if self.history.steps < next_at:
+                    self.control.stopped.wait(0.05)
+                    continue
+                step = self.history.steps
+                next_at = (step // every + 1) * every
+                if not self.params.ps_alive():
+                    continue
+                try:
+                    weights = self.params.weights()
+                except Exception:  # noqa: BLE001 - a task coming or going: the next probe tries again
+                    clear_executor()
+                    continue
+                with tf.device("/job:localhost/replica:0/task:0/device:CPU:0"):
+                    w = [tf.constant(a) for a in weights]
+                    loss = float(self.model.loss(w, tf.constant(x), tf.constant(y), state=state))
+                self.history.add_eval(step, time.time(), loss)
 
     def _evaluate(self) -> None:
         import tensorflow as tf
