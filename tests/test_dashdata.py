@@ -137,9 +137,141 @@ def test_a_dashboard_opened_after_a_run_shows_all_of_it():
     for i in range(200):
         h.add_global(GlobalStep(i + 1, t0 + i * 0.1, 1.0 / (i + 1)))
     h.add_event(Event(t0 + 5, "slow", "worker:0", "x4", step=50))
-    dash = Dashboard(None, runs=[h])
+    dash = Dashboard(None, runs=[h], x="seconds")
     dash.draw()
-    _, _, ax_time = dash._axes
+    ax_time = dash._ax["loss"]
     (line,) = [ln for ln in ax_time.get_lines() if ln.get_label() == "sync"]
     xs = line.get_data()[0]
     assert min(xs) == pytest.approx(0.0, abs=0.2) and max(xs) <= ax_time.get_xlim()[1], (min(xs), max(xs))
+
+
+def _sync_history(workers=3, updates=100, batch=32, warm_end=None, slow=None, t0=1000.0):
+    """A sync run as the engine records it: each update's worker steps, then the update."""
+    h = History("sync", run="sync", workers=[f"worker:{i}" for i in range(workers)])
+    h.started_at = t0 - 1.0
+    for t in range(updates):
+        start = t0 + t * 0.1
+        ends = {f"worker:{i}": start + (0.08 if f"worker:{i}" == slow else 0.02) for i in range(workers)}
+        barrier = max(ends.values())
+        for task, end in ends.items():
+            h.add_step(
+                StepRecord(
+                    task, t, start, end, 1.0, mode="sync", examples=batch, wait=barrier - end, warmup=t == 0
+                )
+            )
+        h.add_global(GlobalStep(t + 1, barrier + 0.001, 2.0 / (t + 2)))
+        if t == 0:
+            h.warmup_ended_at = barrier + 0.001 if warm_end is None else warm_end
+    return h
+
+
+def test_loss_curves_stay_raw_unless_smoothing_is_asked_and_then_say_so():
+    from tfmagic.dashboard import Dashboard
+
+    s = DownsampledSeries(max_points=10, merge="keep")
+    for i in range(1000):
+        s.append(i, 1.0 if i % 2 else 3.0)
+    assert set(s.ys) <= {1.0, 3.0}, "every point drawn was measured, none averaged"
+    noisy = History("async", run="async")
+    for i in range(300):
+        noisy.add_global(GlobalStep(i + 1, 1000.0 + i, 1.0 if i % 2 else 3.0))
+    raw = Dashboard(None, runs=[noisy])
+    raw.draw()
+    (line,) = [ln for ln in raw._ax["loss"].get_lines() if ln.get_label() == "async"]
+    assert set(line.get_data()[1]) == {1.0, 3.0}
+    assert "raw" in raw._ax["loss"].get_title()
+    smooth = Dashboard(None, runs=[noisy], smooth=20)
+    smooth.draw()
+    (line,) = [ln for ln in smooth._ax["loss"].get_lines() if ln.get_label() == "async"]
+    assert all(1.8 < y < 2.2 for y in line.get_data()[1][20:])
+    assert "moving mean of 20 updates" in smooth._ax["loss"].get_title()
+
+
+def test_examples_axis_counts_every_batch_and_the_seconds_axis_starts_after_warm_up():
+    from tfmagic.dashboard import Dashboard
+
+    h = _sync_history(workers=3, updates=50, batch=32)
+    h.add_eval(25, 1000.0 + 24 * 0.1 + 0.081, 0.5)
+    tr = RunTrace(h, origin=990.0)
+    tr.replay()
+    snap = tr.copy()
+    xs, _ = snap["examples"]
+    assert xs[:3] == [96, 192, 288], "a sync update of 3 workers consumes 3 batches"
+    assert snap["examples_total"] == h.examples_seen() == 50 * 96
+    assert snap["evals"][0][:2] == (25, 25 * 96)
+    assert snap["anchor"] == pytest.approx(h.warmup_ended_at - 990.0)
+    dash = Dashboard(None, runs=[h], x="seconds")
+    dash.draw()
+    (line,) = [ln for ln in dash._ax["loss"].get_lines() if ln.get_label() == "sync"]
+    xs = line.get_data()[0]
+    assert min(xs) == 0.0 and len(xs) == 50, "time 0 is the end of warm-up (the first update)"
+    for x in ("updates", "examples"):
+        dash.set_x(x)
+        dash.draw()
+        assert dash._ax["loss"].get_xlabel() == {"updates": "updates", "examples": "examples seen"}[x]
+    with pytest.raises(ValueError, match="updates, examples, seconds"):
+        dash.set_x("epochs")
+
+
+def test_warm_up_is_shown_apart_and_never_counted_in_throughput():
+    from tfmagic.dashboard import Dashboard
+
+    h = _sync_history(workers=2, updates=5)
+    dash = Dashboard(None, runs=[])
+    dash.watch(h)
+    # records arriving live: the warm-up one is not counted
+    for warm in (True, False, False):
+        h.add_step(StepRecord("worker:0", 9, 2000.0, 2000.1, 1.0, mode="sync", warmup=warm))
+    assert dash.rates.rate("worker:0", 2000.5) == pytest.approx(2 / dash.window)
+    dash.draw()
+    assert dash._lim["tp_x0"] < 0, "the warm-up is a shaded span before time 0"
+    assert "warm-up" in dash.header_html()
+
+
+def test_the_gantt_strip_shows_the_straggler_busy_and_the_others_waiting():
+    from tfmagic.dashboard import Dashboard
+
+    h = _sync_history(workers=3, updates=40, slow="worker:2")
+    dash = Dashboard(None, runs=[h], gantt_steps=10)
+    name, t0, t1, rows = dash.gantt()
+    shares = dash.traces[0].gantt.shares(t0, t1, rows)
+    assert name == "sync" and sorted(rows) == ["worker:0", "worker:1", "worker:2"]
+    assert t1 - t0 == pytest.approx(10 * 0.1 - 0.02, abs=0.03), "the last 10 steps"
+    assert shares["worker:2"]["busy"] > 0.7 and shares["worker:2"]["wait"] < 0.01
+    for fast in ("worker:0", "worker:1"):
+        assert shares[fast]["busy"] < 0.3 and shares[fast]["wait"] > 0.5
+    dash.draw()
+    bars = {k[1]: a for k, a in dash._lines.items() if k[0] == "gantt"}
+    assert len(bars["busy"].get_paths()) == 30 and len(bars["wait"].get_paths()) >= 20
+
+
+def test_staleness_histogram_counts_async_and_ssp_steps_after_warm_up_only():
+    from tfmagic.dashboard import Dashboard
+
+    h = History("async", run="async", workers=["worker:0", "worker:1", "worker:2"])
+    for i in range(300):
+        h.add_step(
+            StepRecord(
+                f"worker:{i % 3}", i, i, i + 1, 1.0, staleness=2 if i % 4 else 1, warmup=i < 3, update=i + 1
+            )
+        )
+        h.add_global(GlobalStep(i + 1, float(i + 1), 1.0))
+    tr = RunTrace(h, origin=0.0)
+    tr.replay()
+    assert tr.stale.n == 297
+    assert tr.copy()["staleness"] == pytest.approx({1: 74 / 297, 2: 223 / 297})
+    assert RunTrace(_sync_history(), origin=0.0).copy()["staleness"] is None, "sync has no staleness"
+    dash = Dashboard(None, runs=[h])
+    dash.draw()
+    texts = [a.get_text() for k, a in dash._lines.items() if k[0] == "stale-text"]
+    assert texts == ["async: mean 1.75 (workers - 1 = 2)"]
+
+
+def test_comparison_table_says_examples_consumed_and_warm_up():
+    from tfmagic.metrics import comparison_table
+
+    sync = _sync_history(workers=3, updates=50, batch=32)
+    table = comparison_table([sync])
+    head, row = table.splitlines()
+    assert "examples" in head and "warm-up s" in head
+    assert row.split()[:4] == ["sync", "50", "4800", f"{sync.warmup_s:.1f}"]

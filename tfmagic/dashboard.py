@@ -1,7 +1,16 @@
 """A live dashboard in the notebook: per-worker throughput, convergence, the cluster.
 
-Built from ipywidgets (an ``Image`` holding a matplotlib drawing, and two
-``HTML`` panes), refreshed from a background thread at ``refresh`` seconds
+Five plots: each worker's steps/s (warm-up shaded apart, never counted);
+the training loss of every update, raw unless ``smooth=`` asks for a
+labelled moving mean; the held-out loss (the same examples for every mode:
+the curve that compares modes), both against updates, examples seen or
+seconds after warm-up (``x=``, or the selector above the picture); a Gantt
+strip of each worker's last steps (busy, waiting at sync's barrier,
+dropped: the picture of "the slowest worker paces sync"); and, for async
+and SSP runs, the staleness histogram with its mean.
+
+Built from ipywidgets (an ``Image`` holding a matplotlib drawing, a
+selector and two ``HTML`` panes), refreshed from a background thread at ``refresh`` seconds
 while training runs, so the kernel stays free: slow a worker in the next
 cell and the next frame shows it.  It stops refreshing when the runs it
 watches end or the cluster stops, and keeps its last frame.
@@ -24,10 +33,19 @@ from pathlib import Path
 
 from .dashdata import MAJOR, Mark, RollingRate, RunTrace, place_event
 from .events import Event
-from .metrics import GlobalStep, StepRecord
+from .metrics import Evaluation, GlobalStep, StepRecord
 from .procstats import human_bytes
 
-MODE_COLORS = {"sync": "#1f77b4", "async": "#d62728"}
+MODE_COLORS = {"sync": "#1f77b4", "async": "#d62728", "ssp": "#2ca02c"}
+#: what the loss curves can be plotted against (the selector's choices) and the axis label
+X_AXES = {"updates": "updates", "examples": "examples seen", "seconds": "seconds after warm-up"}
+SEGMENT_COLORS = {"busy": "#4c72b0", "wait": "#f2b447", "dropped": "#b0b0b0", "warm-up": "#dddddd"}
+SEGMENT_LABELS = {
+    "busy": "busy (computing)",
+    "wait": "waiting at the barrier",
+    "dropped": "dropped gradient",
+    "warm-up": "warm-up",
+}
 MARK_COLORS = {
     "slow": "#ff7f0e",
     "kill": "#d62728",
@@ -60,13 +78,35 @@ class Dashboard:
 
     >>> dash = Dashboard(cluster, runs=[run])       # doctest: +SKIP
     >>> dash.show()                                 # in the notebook; refreshes itself
+    >>> dash.set_x("examples")                      # doctest: +SKIP
+
+    ``x``: the loss curves against ``"updates"``, ``"examples"`` or
+    ``"seconds"`` (after each run's warm-up); ``smooth``: a moving mean of
+    that many updates for the training loss (labelled; raw by default);
+    ``gantt_steps``: how many of each worker's last steps the strip shows.
     """
 
     _latest: weakref.ref | None = None
 
     def __init__(
-        self, cluster=None, runs=(), refresh: float = 0.5, window: float = 3.0, max_points: int = 400
+        self,
+        cluster=None,
+        runs=(),
+        refresh: float = 0.5,
+        window: float = 3.0,
+        max_points: int = 400,
+        x: str = "updates",
+        smooth: int | None = None,
+        gantt_steps: int = 10,
     ) -> None:
+        if x not in X_AXES:
+            raise ValueError(f"x is one of {', '.join(X_AXES)}, not {x!r}")
+        self.x = x
+        self.smooth = smooth if smooth and smooth > 1 else None
+        self.gantt_steps = gantt_steps
+        self._draw_lock = threading.RLock()  # the refresh thread and the selector both draw
+        self._gantt_rows: tuple = ()
+        self._lim: dict = {}
         self.cluster = cluster
         self.refresh = refresh
         self.window = window
@@ -114,17 +154,18 @@ class Dashboard:
         was made with) shows from there on.
         """
         for history in _histories([run]):
-            trace = RunTrace(history, self.origin, self.max_points)
-            for g in list(history.global_steps):
-                trace.on_global(g)
-            for e in list(history.events):
-                trace.on_event(e)
+            trace = RunTrace(history, self.origin, self.max_points, smooth=self.smooth)
+            trace.replay()
 
             def follow(item, trace=trace):
                 if isinstance(item, StepRecord):
-                    self.rates.add(item.task, item.end)
+                    if not item.warmup:  # warm-up is shown apart, never counted in throughput
+                        self.rates.add(item.task, item.end)
+                    trace.on_step(item)
                 elif isinstance(item, GlobalStep):
                     trace.on_global(item)
+                elif isinstance(item, Evaluation):
+                    trace.on_eval(item)
                 elif isinstance(item, Event):
                     trace.on_event(item)
 
@@ -148,6 +189,24 @@ class Dashboard:
         return False
 
     # -- drawing -------------------------------------------------------------
+    def set_x(self, x: str) -> None:
+        """Plot the loss curves against ``"updates"``, ``"examples"`` seen or ``"seconds"`` after warm-up."""
+        if x not in X_AXES:
+            raise ValueError(f"x is one of {', '.join(X_AXES)}, not {x!r}")
+        with self._draw_lock:
+            if x != self.x:
+                self.x = x
+                self._lim.pop("loss_x", None)
+                self._background = None
+                if self._fig is not None:
+                    for ax in (self._ax["loss"], self._ax["eval"]):
+                        ax.set_xlabel(X_AXES[x])
+
+    def _offset(self) -> float:
+        """The throughput plot's time 0 (s since ``origin``): the end of the first run's warm-up."""
+        anchors = [a for a in (t.anchor() for t in self.traces) if a is not None]
+        return min(anchors) if anchors else 0.0
+
     def _sample_throughput(self, now: float) -> None:
         from .dashdata import DownsampledSeries
 
@@ -164,36 +223,73 @@ class Dashboard:
         from matplotlib.ticker import FormatStrFormatter, LogLocator, MaxNLocator, NullFormatter, NullLocator
 
         if self._fig is None:
-            fig = Figure(figsize=(11, 3.2), dpi=72)
-            axes = fig.subplots(1, 3)
-            fig.subplots_adjust(left=0.05, right=0.99, bottom=0.16, top=0.9, wspace=0.22)
-            titles = (
-                (f"worker throughput (steps/s, last {self.window:g} s)", "seconds"),
-                ("loss per update", "global step"),
-                ("loss over time", "seconds"),
+            fig = Figure(figsize=(11, 5.6), dpi=72)
+            grid = fig.add_gridspec(2, 3, height_ratios=(1.0, 0.75))
+            ax = {
+                "tp": fig.add_subplot(grid[0, 0]),
+                "loss": fig.add_subplot(grid[0, 1]),
+                "eval": fig.add_subplot(grid[0, 2]),
+                "gantt": fig.add_subplot(grid[1, :2]),
+                "stale": fig.add_subplot(grid[1, 2]),
+            }
+            fig.subplots_adjust(left=0.06, right=0.99, bottom=0.08, top=0.95, wspace=0.22, hspace=0.42)
+            smooth = next((t.smooth for t in self.traces if t.smooth), self.smooth)
+            loss_title = (
+                f"training loss, moving mean of {smooth} updates"
+                if smooth
+                else "training loss per update (raw)"
             )
-            for ax, (title, xlabel) in zip(axes, titles):
-                ax.set_title(title, fontsize=10)
-                ax.set_xlabel(xlabel)
-                ax.grid(alpha=0.3)
-                ax.tick_params(labelsize=8)
-                ax.xaxis.set_major_locator(MaxNLocator(5))
-            axes[0].yaxis.set_major_locator(MaxNLocator(5))
-            for ax in axes[1:]:
-                ax.set_yscale("log")
+            titles = {
+                "tp": (f"worker steps/s (last {self.window:g} s, warm-up apart)", "seconds after warm-up"),
+                "loss": (loss_title, X_AXES[self.x]),
+                "eval": ("held-out loss (the same examples for every mode)", X_AXES[self.x]),
+                "gantt": (
+                    f"each worker's last {self.gantt_steps} steps: busy, waiting for the others, dropped",
+                    "seconds before the latest step",
+                ),
+                "stale": (
+                    "staleness of applied gradients (async, SSP)",
+                    "updates by others between read and apply",
+                ),
+            }
+            for key, (title, xlabel) in titles.items():
+                a = ax[key]
+                a.set_title(title, fontsize=9)
+                a.set_xlabel(xlabel, fontsize=8, labelpad=1)
+                a.grid(alpha=0.3)
+                a.tick_params(labelsize=8)
+                a.xaxis.set_major_locator(MaxNLocator(5))
+            ax["tp"].yaxis.set_major_locator(MaxNLocator(5))
+            for a in (ax["loss"], ax["eval"]):
+                a.set_yscale("log")
                 # Tick text is most of a frame's cost: few ticks, plain numbers
                 # (the default log labels go through mathtext), no minor ticks.
-                ax.yaxis.set_major_locator(LogLocator(numticks=4))
-                ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
-                ax.yaxis.set_minor_locator(NullLocator())
-                ax.yaxis.set_minor_formatter(NullFormatter())
-            self._fig, self._axes = fig, axes
+                a.yaxis.set_major_locator(LogLocator(numticks=4))
+                a.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+                a.yaxis.set_minor_locator(NullLocator())
+                a.yaxis.set_minor_formatter(NullFormatter())
+            ax["stale"].set_ylim(0, 1.05)
+            ax["stale"].set_ylabel("share of steps", fontsize=8)
+            ax["stale"].yaxis.set_major_locator(MaxNLocator(3))
+            ax["gantt"].grid(False)
+            from matplotlib.patches import Patch
+
+            ax["gantt"].legend(
+                handles=[Patch(color=SEGMENT_COLORS[k], label=SEGMENT_LABELS[k]) for k in SEGMENT_LABELS],
+                fontsize=7,
+                loc="upper left",
+                ncol=4,
+                bbox_to_anchor=(0.0, 1.0),
+                framealpha=0.8,
+            )
+            self._fig, self._ax = fig, ax
+            self._axes = tuple(ax.values())
             self._canvas = None
             self._background = None
-            self._lim: dict = {}
-            self._lines: dict[tuple, object] = {}
-            self._mark_artists: list = []
-            self._marks_drawn: tuple = ()
+            self._lim = {}
+            self._lines = {}
+            self._mark_artists = []
+            self._marks_drawn = ()
         return self._fig, self._axes
 
     def _line(self, key: tuple, ax, **style):
@@ -202,10 +298,47 @@ class Dashboard:
             (line,) = ax.plot([], [], animated=True, **style)
             self._lines[key] = line
             self._background = None  # the legend changes: redraw everything once
-            ax.legend(fontsize=8, loc="upper right" if ax is not self._axes[0] else "lower left")
+            if style.get("label") and not style["label"].startswith("_"):
+                ax.legend(fontsize=7, loc="upper right" if ax is not self._ax["tp"] else "lower left")
         return line
 
-    def _limits(self) -> tuple:
+    def _artist(self, key: tuple, make):
+        """An animated artist other than a line (bars, text), made once."""
+        artist = self._lines.get(key)
+        if artist is None:
+            artist = self._lines[key] = make()
+            artist.set_animated(True)
+            self._background = None
+        return artist
+
+    def _x_of(self, tr: dict) -> tuple[list, list]:
+        """A run's training-loss curve against the chosen x (seconds: from the end of its warm-up)."""
+        if self.x == "updates":
+            return tr["step"]
+        if self.x == "examples":
+            return tr["examples"]
+        anchor = tr["anchor"] or 0.0
+        pts = [(x - anchor, y) for x, y in zip(*tr["time"]) if x >= anchor]
+        return [p[0] for p in pts], [p[1] for p in pts]
+
+    def _evals_of(self, tr: dict) -> tuple[list, list]:
+        """A run's held-out probes against the chosen x."""
+        evals = tr["evals"]
+        if self.x == "seconds":
+            anchor = tr["anchor"] or 0.0
+            evals = [e for e in evals if e[2] >= anchor]
+            return [e[2] - anchor for e in evals], [e[3] for e in evals]
+        col = 0 if self.x == "updates" else 1
+        return [e[col] for e in evals], [e[3] for e in evals]
+
+    def _mark_x(self, tr: dict, m: Mark) -> float | None:
+        if self.x == "updates":
+            return m.step
+        if self.x == "examples":
+            return m.examples
+        return m.t - (tr["anchor"] or 0.0)
+
+    def _limits(self, traces: list[dict]) -> tuple:
         """Axis limits that change rarely (grown in steps), so most frames only redraw lines."""
         import math
 
@@ -214,42 +347,65 @@ class Dashboard:
             return current if current >= needed else max(floor, needed * factor)
 
         lim = dict(self._lim)
-        xs_tp, ys_tp, xs_step, xs_time, losses = [0.0], [0.0], [0.0], [0.0], []
+        xs_tp, ys_tp, xs_loss, losses = [0.0], [0.0], [0.0], []
         for key, line in self._lines.items():
+            if key[0] not in ("tp", "loss", "eval"):
+                continue
             x, y = line.get_data()
             if not len(x):
                 continue
             if key[0] == "tp":
                 xs_tp.append(max(x))
                 ys_tp.append(max(y))
-            elif key[0] == "step":
-                xs_step.append(max(x))
+            else:
+                xs_loss.append(max(x))
                 losses.extend(v for v in y if v > 0)
-            elif key[0] == "time":
-                xs_time.append(max(x))
         # Every change of limits redraws the axes (60-140 ms here, against 9 ms for a usual
         # frame, and it holds the Python lock the training threads need), so limits grow in
         # few, large steps: measured, a 3,000-step run redrew 8 times when they doubled.
-        lim["tp_x"] = grow(lim.get("tp_x", 30.0), max(xs_tp + xs_time))
+        lim["tp_x"] = grow(lim.get("tp_x", 30.0), max(xs_tp))
+        lim["tp_x0"] = min([0.0] + [a - self._offset() for a, _ in self._warmups()])
         lim["tp_y"] = grow(lim.get("tp_y", 50.0), max(ys_tp), 2.0)
-        runs = _each_run(self._runs)
-        # planned updates: a TrainingRun knows them (a History's `steps` is only how many so far)
-        planned = max(
-            [r.steps for r in runs if hasattr(r, "history") and isinstance(getattr(r, "steps", None), int)]
-            + [0]
-        )
-        # A quarter of the planned steps first (a 20,000-step run is not a sliver at the left
-        # edge for long), then fourfold up to the planned steps: one redraw in a run.
-        first = float(min(planned, max(100, planned / 4))) if planned else 100.0
-        step_x = grow(lim.get("step_x", first), max(xs_step), 4.0)
-        lim["step_x"] = min(step_x, float(planned)) if planned >= max(xs_step) else step_x
+        if self.x == "seconds":
+            lim["loss_x"] = grow(lim.get("loss_x", 30.0), max(xs_loss))
+        else:
+            runs = _each_run(self._runs)
+            # planned updates: a TrainingRun knows them (a History's `steps` is only how many so far)
+            planned = max(
+                [
+                    r.steps
+                    for r in runs
+                    if hasattr(r, "history") and isinstance(getattr(r, "steps", None), int)
+                ]
+                + [0]
+            )
+            if self.x == "examples":
+                planned = int(
+                    planned * max([t["examples_total"] / t["updates"] for t in traces if t["updates"]] + [0])
+                )
+            # A quarter of the planned steps first (a 20,000-step run is not a sliver at the left
+            # edge for long), then fourfold up to the planned steps: one redraw in a run.
+            first = float(min(planned, max(100, planned / 4))) if planned else 100.0
+            loss_x = grow(lim.get("loss_x", first), max(xs_loss), 4.0)
+            lim["loss_x"] = min(loss_x, float(planned)) if planned >= max(xs_loss) else loss_x
         if losses:
             lo = 10 ** math.floor(math.log10(min(losses)))
             hi = 10 ** math.ceil(math.log10(max(losses)))
             if "loss" not in lim:
                 lo /= 10  # losses fall: room for one decade below the first ones
             lim["loss"] = (min(lo, lim.get("loss", (lo, hi))[0]), max(hi, lim.get("loss", (lo, hi))[1]))
+        top = max([0] + [max(t["staleness"]) for t in traces if t["staleness"]])
+        lim["stale_x"] = grow(lim.get("stale_x", 4.0), top + 1.0)
         return tuple(sorted(lim.items()))
+
+    def _warmups(self) -> list[tuple[float, float]]:
+        """Each run's warm-up, (start, end) in seconds since ``origin``."""
+        out = []
+        for tr in self.traces:
+            h = tr.history
+            if getattr(h, "warmup_ended_at", None) is not None:
+                out.append((h.started_at - self.origin, h.warmup_ended_at - self.origin))
+        return out
 
     def draw(self) -> bytes:
         """Render one frame (PNG) from the current data.
@@ -259,6 +415,10 @@ class Dashboard:
         usual frame restores it and draws the lines alone, which is what
         keeps a refresh cheap on a busy machine.
         """
+        with self._draw_lock:
+            return self._draw()
+
+    def _draw(self) -> bytes:
         import io
 
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -267,49 +427,62 @@ class Dashboard:
         t0 = time.perf_counter()
         now = time.time()
         self._sample_throughput(now)
-        fig, (ax_tp, ax_step, ax_time) = self._figure()
+        fig, _ = self._figure()
+        ax = self._ax
+        offset = self._offset()
         for i, (task, series) in enumerate(sorted(self._throughput.items())):
-            self._line(("tp", task), ax_tp, color=f"C{i}", label=task, lw=1.5).set_data(series.xs, series.ys)
+            self._line(("tp", task), ax["tp"], color=f"C{i}", label=task, lw=1.5).set_data(
+                [x - offset for x in series.xs], series.ys
+            )
         traces = [t.copy() for t in self.traces]
         for tr in traces:
             color = MODE_COLORS.get(tr["mode"])
-            self._line(("step", tr["name"]), ax_step, color=color, label=tr["name"], lw=1.5).set_data(
-                *tr["step"]
+            self._line(("loss", tr["name"]), ax["loss"], color=color, label=tr["name"], lw=1.0).set_data(
+                *self._x_of(tr)
             )
-            self._line(("time", tr["name"]), ax_time, color=color, label=tr["name"], lw=1.5).set_data(
-                *tr["time"]
-            )
-            drops = [m.step for m in tr["marks"] if m.kind == "dropped" and m.step is not None]
+            self._line(
+                ("eval", tr["name"]), ax["eval"], color=color, label=tr["name"], lw=1.5, marker="o", ms=3
+            ).set_data(*self._evals_of(tr))
+            drops = [self._mark_x(tr, m) for m in tr["marks"] if m.kind == "dropped"]
+            drops = [x for x in drops if x is not None]
             if drops:  # one artist for all of them: a long run has many
                 self._line(
                     ("drop", tr["name"]),
-                    ax_step,
+                    ax["loss"],
                     ls="",
                     marker="|",
                     color="#7f7f7f",
-                    transform=ax_step.get_xaxis_transform(),
+                    transform=ax["loss"].get_xaxis_transform(),
                     label=f"{tr['name']}: dropped gradient",
                 ).set_data(drops, [0.03] * len(drops))
-        marks_changed = self._draw_marks(traces)
-        limits = self._limits()
+        self._draw_staleness(traces)
+        gantt_changed = self._draw_gantt()
+        marks_changed = self._draw_marks(traces, offset)
+        limits = self._limits(traces)
         canvas = FigureCanvasAgg(fig) if self._canvas is None else self._canvas
         self._canvas = canvas
-        if self._background is None or marks_changed or limits != tuple(sorted(self._lim.items())):
+        if (
+            self._background is None
+            or marks_changed
+            or gantt_changed
+            or limits != tuple(sorted(self._lim.items()))
+        ):
             self._lim = dict(limits)
-            ax_tp.set_xlim(0, self._lim["tp_x"])
-            ax_time.set_xlim(0, self._lim["tp_x"])
-            ax_tp.set_ylim(0, self._lim["tp_y"])
-            ax_step.set_xlim(0, self._lim["step_x"])
-            if "loss" in self._lim:
-                ax_step.set_ylim(*self._lim["loss"])
-                ax_time.set_ylim(*self._lim["loss"])
+            ax["tp"].set_xlim(self._lim["tp_x0"], self._lim["tp_x"])
+            ax["tp"].set_ylim(0, self._lim["tp_y"])
+            for key in ("loss", "eval"):
+                ax[key].set_xlim(0, self._lim["loss_x"])
+                if "loss" in self._lim:
+                    ax[key].set_ylim(*self._lim["loss"])
+            ax["stale"].set_xlim(-0.5, self._lim["stale_x"])
+            ax["gantt"].set_xlim(-self._lim.get("gantt_x", 1.0), 0)
             canvas.draw()
             self._background = canvas.copy_from_bbox(fig.bbox)
             self.full_draws += 1
         else:
             canvas.restore_region(self._background)
-        for line in self._lines.values():
-            line.axes.draw_artist(line)
+        for artist in self._lines.values():
+            artist.axes.draw_artist(artist)
         image = Image.frombuffer("RGBA", canvas.get_width_height(), canvas.buffer_rgba(), "raw", "RGBA", 0, 1)
         buf = io.BytesIO()
         image.convert("RGB").save(buf, format="PNG", compress_level=1)
@@ -319,29 +492,116 @@ class Dashboard:
         self.last_draw_s = time.perf_counter() - t0
         return png
 
-    def _draw_marks(self, traces) -> bool:
-        """Vertical lines for events; redrawn only when the set of events changes."""
-        (ax_tp, ax_step, ax_time) = self._axes
-        step_marks = [
-            (m.step, m.kind) for tr in traces for m in tr["marks"] if m.kind in MAJOR and m.step is not None
-        ]
-        time_marks = [(m.t, m.kind, m.label) for m in list(self.marks)]
-        key = (tuple(step_marks), tuple(time_marks))
+    def gantt(self) -> tuple[str | None, float, float, dict]:
+        """The run the strip shows (the latest with steps), and its window: ``(run, t0, t1, rows)``."""
+        for trace in reversed(self.traces):
+            t0, t1, rows = trace.gantt.window(self.gantt_steps)
+            if rows:
+                return trace.name, t0, t1, rows
+        return None, 0.0, 0.0, {}
+
+    def _draw_gantt(self) -> bool:
+        """Bars per worker of the last steps; True when the axes must be redrawn (new rows or span)."""
+        import math
+
+        from matplotlib.collections import PolyCollection
+
+        ax = self._ax["gantt"]
+        name, t0, t1, rows = self.gantt()
+        tasks = sorted(rows)
+        verts: dict[str, list] = {k: [] for k in SEGMENT_COLORS}
+        for y, task in enumerate(tasks):
+            for kind, a, b in rows[task]:
+                x0, x1 = a - t1, b - t1
+                verts[kind].append([(x0, y - 0.35), (x0, y + 0.35), (x1, y + 0.35), (x1, y - 0.35)])
+        for kind, color in SEGMENT_COLORS.items():
+            bars = self._artist(
+                ("gantt", kind), lambda color=color: ax.add_collection(PolyCollection([], facecolors=color))
+            )
+            bars.set_verts(verts[kind])
+        span = max(t1 - t0, 1e-3)
+        nice = 2.0 ** math.ceil(math.log2(span))  # changes when the span doubles or halves
+        changed = False
+        if (tasks, name) != self._gantt_rows:
+            self._gantt_rows = (tasks, name)
+            ax.set_yticks(range(len(tasks)), tasks)
+            ax.set_ylim(len(tasks) - 0.5 if tasks else 0.5, -0.5 if tasks else -0.5)
+            ax.set_title(
+                (f"{name}: " if name else "")
+                + f"each worker's last {self.gantt_steps} steps (busy, waiting for the others, dropped)",
+                fontsize=9,
+            )
+            changed = True
+        if self._lim.get("gantt_x") != nice:
+            self._lim["gantt_x"] = nice
+            changed = True
+        return changed
+
+    def _draw_staleness(self, traces: list[dict]) -> None:
+        """Per async/SSP run: the share of applied gradients of each staleness, and the mean."""
+        ax = self._ax["stale"]
+        shown = [tr for tr in traces if tr["staleness"] is not None]
+        for i, tr in enumerate(shown):
+            color = MODE_COLORS.get(tr["mode"])
+            frac = tr["staleness"]
+            xs = list(range(max(frac) + 1)) if frac else []
+            self._line(
+                ("stale", tr["name"]), ax, color=color, label=tr["name"], lw=1.5, drawstyle="steps-mid"
+            ).set_data(xs, [frac.get(x, 0.0) for x in xs])
+            mean = tr["mean_staleness"]
+            self._line(("stale-mean", tr["name"]), ax, color=color, ls=":", lw=1.5).set_data(
+                [mean, mean] if mean is not None else [], [0, 1] if mean is not None else []
+            )
+            hint = f" (workers - 1 = {tr['workers'] - 1})" if tr["workers"] > 1 else ""
+            text = self._artist(
+                ("stale-text", tr["name"]),
+                lambda i=i, color=color: ax.text(
+                    0.98, 0.6 - 0.12 * i, "", transform=ax.transAxes, ha="right", fontsize=8, color=color
+                ),
+            )
+            text.set_text("" if mean is None else f"{tr['name']}: mean {mean:.2f}{hint}")
+
+    def _draw_marks(self, traces, offset: float = 0.0) -> bool:
+        """Vertical lines for events and warm-up spans; redrawn only when they change."""
+        ax = self._ax
+        loss_marks = []
+        for tr in traces:
+            for m in tr["marks"]:
+                x = self._mark_x(tr, m) if m.kind in MAJOR else None
+                if x is not None:
+                    loss_marks.append((x, m.kind))
+        time_marks = [(m.t - offset, m.kind, m.label) for m in list(self.marks)]
+        warm = [(a - offset, b - offset) for a, b in self._warmups()]
+        key = (tuple(loss_marks), tuple(time_marks), tuple(warm), self.x)
         if key == self._marks_drawn:
             return False
         for artist in self._mark_artists:
             artist.remove()
         self._mark_artists = []
-        for step, kind in step_marks:
+        for x, kind in loss_marks:
+            for a in (ax["loss"], ax["eval"]):
+                self._mark_artists.append(a.axvline(x, color=MARK_COLORS.get(kind, "#7f7f7f"), ls="--", lw=1))
+        for a, b in warm:  # shown apart: no throughput is counted there
+            self._mark_artists.append(ax["tp"].axvspan(a, b, color="#bbbbbb", alpha=0.35, lw=0))
+        if warm:
+            a, b = warm[0]
             self._mark_artists.append(
-                ax_step.axvline(step, color=MARK_COLORS.get(kind, "#7f7f7f"), ls="--", lw=1)
+                ax["tp"].annotate(
+                    "warm-up",
+                    ((a + b) / 2, 0.5),
+                    xycoords=("data", "axes fraction"),
+                    rotation=90,
+                    fontsize=7,
+                    color="#555555",
+                    ha="center",
+                    va="center",
+                )
             )
         for t, kind, label in time_marks:
             c = MARK_COLORS.get(kind, "#7f7f7f")
-            for ax in (ax_tp, ax_time):
-                self._mark_artists.append(ax.axvline(t, color=c, ls="--", lw=1))
+            self._mark_artists.append(ax["tp"].axvline(t, color=c, ls="--", lw=1))
             self._mark_artists.append(
-                ax_tp.annotate(
+                ax["tp"].annotate(
                     label,
                     (t, 0.98),
                     xycoords=("data", "axes fraction"),
@@ -427,7 +687,12 @@ class Dashboard:
                 state = "stopped"
             extra = f", {tr.dropped} dropped" if tr.dropped else ""
             loss = f", loss {h.global_steps[-1].loss:.4f}" if h.global_steps else ""
-            parts.append(f"<b>{html.escape(tr.name)}</b>: {state}, {tr.updates} updates{loss}{extra}")
+            if tr.last_eval is not None:
+                loss += f", held-out {tr.last_eval[1]:.4f}"
+            warm = getattr(h, "warmup_s", None)
+            seen = f", {tr.examples:,} examples" if tr.examples else ""
+            seen += f", warm-up {warm:.1f} s" if warm is not None else ""
+            parts.append(f"<b>{html.escape(tr.name)}</b>: {state}, {tr.updates} updates{seen}{loss}{extra}")
         if not parts:
             parts.append("no training run yet")
         return "<div class='tfmagic-header'>" + " &nbsp;|&nbsp; ".join(parts) + "</div>"
@@ -449,9 +714,21 @@ class Dashboard:
             )
             self._header = w.HTML(self.header_html())
             self._table = w.HTML(self.table_html())
-            self._widget = w.VBox([self._header, self._image, self._table])
+            self._selector = w.ToggleButtons(
+                options=[(label, key) for key, label in X_AXES.items()],
+                value=self.x,
+                description="loss against",
+                style={"button_width": "110px"},
+            )
+            self._selector.observe(self._on_select, names="value")
+            self._widget = w.VBox([self._header, self._selector, self._image, self._table])
             self._widget.add_class("tfmagic-dashboard")
         return self._widget
+
+    def _on_select(self, change) -> None:
+        self.set_x(change["new"])
+        if not self.refreshing:  # a finished dashboard redraws its last frame on the new axis
+            self.update()
 
     def update(self) -> None:
         """Draw a new frame into the widgets (safe from a background thread)."""

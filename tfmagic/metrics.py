@@ -324,6 +324,14 @@ class History:
             return 0.0
         return len(g) / max(max(x.time for x in g) - since, 1e-9)
 
+    def examples_seen(self) -> int:
+        """Examples the workers consumed, every step counted (dropped gradients and warm-up too).
+
+        A sync update of N workers consumes N batches, an async one one batch:
+        comparing modes per update without this compares unequal work.
+        """
+        return sum(r.examples for r in self.snapshot()[0])
+
     @property
     def warmup_s(self) -> float | None:
         """Seconds the run spent warming up (tracing, first connections), shown apart from training."""
@@ -390,3 +398,29 @@ class History:
 
     def _repr_pretty_(self, p, cycle) -> None:
         p.text(self.summary())
+
+
+def comparison_table(histories: Iterable[History]) -> str:
+    """Runs side by side: updates, examples consumed, warm-up and training seconds, rates, losses.
+
+    ``seconds`` is the training after warm-up (from its end to the last
+    update); the warm-up (tracing, first connections) is its own column and
+    counted in no rate.  ``examples`` is every example the workers consumed.
+    """
+    histories = list(histories)
+    rows = ["run     updates   examples  warm-up s  seconds  updates/s  examples/s  held-out loss  accuracy"]
+    for h in histories:
+        tp = h.throughput().get("total", {})
+        since = h.warmup_ended_at or h.started_at
+        secs = max(g.time for g in h.global_steps) - since if h.global_steps else 0.0
+        warm = "-" if h.warmup_s is None else f"{h.warmup_s:.1f}"
+        acc = "-" if h.final_accuracy is None else f"{h.final_accuracy:.3f}"
+        loss = "-" if h.final_loss is None else f"{h.final_loss:.4f}"
+        rows.append(
+            f"{h.run:7s} {h.steps:7d}  {h.examples_seen():9d}  {warm:>9s}  {secs:7.1f}  {h.updates_per_s():9.1f}"
+            f"  {tp.get('examples_per_s', 0):10.0f}  {loss:>13s}  {acc:>8s}"
+        )
+    labels = {h.final_loss_label for h in histories} - {"held-out loss"}
+    if labels:  # e.g. a KerasModel without eval_fn
+        rows.append(f"(the loss column is the {', '.join(sorted(labels))})")
+    return "\n".join(rows)

@@ -126,21 +126,10 @@ class Comparison:
         p.text(repr(self))
 
     def table(self) -> str:
-        """Side by side: updates, seconds, updates/s, examples/s, held-out loss and accuracy."""
-        rows = ["run     updates  seconds  updates/s  examples/s  held-out loss  accuracy"]
-        for h in self.histories:
-            tp = h.throughput().get("total", {})
-            secs = max(g.time for g in h.global_steps) - h.started_at if h.global_steps else 0.0
-            acc = "-" if h.final_accuracy is None else f"{h.final_accuracy:.3f}"
-            loss = "-" if h.final_loss is None else f"{h.final_loss:.4f}"
-            rows.append(
-                f"{h.run:7s} {h.steps:7d}  {secs:7.1f}  {h.updates_per_s():9.1f}  {tp.get('examples_per_s', 0):10.0f}"
-                f"  {loss:>13s}  {acc:>8s}"
-            )
-        labels = {h.final_loss_label for h in self.histories} - {"held-out loss"}
-        if labels:  # e.g. a KerasModel without eval_fn
-            rows.append(f"(the loss column is the {', '.join(sorted(labels))})")
-        return "\n".join(rows)
+        """Side by side: updates, examples consumed, warm-up, seconds, rates, held-out loss, accuracy."""
+        from ..metrics import comparison_table
+
+        return comparison_table(self.histories)
 
 
 def compare(cluster, modes=("sync", "async"), *, block: bool = True, **kwargs) -> Comparison:
