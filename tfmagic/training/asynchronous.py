@@ -84,6 +84,7 @@ class AsyncLoop:
         import tensorflow as tf
 
         pending: list[float | None] = []  # the modelled time of each step made since the last flush
+        held: float | None = None  # paced: the modelled time of the step whose gradient is in flight
         last_flush = time.monotonic()
         # Calls go out without waiting for their answer (TensorFlow queues them to the worker in
         # order), except where the loop must know a step is done: a pace to keep, a bound to hold.
@@ -108,21 +109,22 @@ class AsyncLoop:
                 w.started = False
                 continue
             back = time.time()
-            modelled = None
             if self.pace is not None:  # wait out the modelled step: its gradient lands at its end
-                modelled = self.pace.duration(w.task, w.local_step)
-                if self.control.stopped.wait(max(0.0, t0 + modelled - back)):
+                if fn is not w.fn_first:  # this call applied the step the previous call computed
+                    pending.append(held)
+                held = self.pace.duration(w.task, w.local_step)
+                if self.control.stopped.wait(max(0.0, t0 + held - back)):
                     break
                 w.started = True
-            if fn is not w.fn_first:
-                pending.extend([modelled] * self.per_call)
+            else:
+                pending.extend([None] * self.per_call)
             w.local_step += self.per_call
             w.errors = 0
             if len(pending) >= FETCH_EVERY or time.monotonic() - last_flush > 0.1:
                 self.flush(w, pending)
                 last_flush = time.monotonic()
         if self.pace is not None and w.started and not self.control.reason:
-            self.finish_paced(w, pending)
+            self.finish_paced(w, pending, held)
         if not self.control.reason:  # ended by the cluster going away: nothing left to read
             self.flush(w, pending, final=True)
 
@@ -146,14 +148,14 @@ class AsyncLoop:
             self.control.cond.wait(0.01)
         return False
 
-    def finish_paced(self, w: Worker, pending: list) -> None:
+    def finish_paced(self, w: Worker, pending: list, held: float | None = None) -> None:
         """The gradient still held at the end of a paced run is applied (or masked past the last update)."""
         import tensorflow as tf
 
         try:
             with client.gate.call(self.training.who), tf.device(w.task.device):
                 w.fn_last().numpy()
-            pending.append(None)
+            pending.append(held)
         except Exception:  # noqa: BLE001 - a worker lost at the very end: its last step is lost with it
             clear_executor()
 
