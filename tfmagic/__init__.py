@@ -74,6 +74,7 @@ def __getattr__(name: str):
             "session",
             "events",
             "backends",
+            "tensorboard",
         ):
             import importlib
 

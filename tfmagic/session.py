@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any
 
-from . import events
+from . import events, publish
 from .backends import ClusterRequest, build
 from .cluster import Cluster, Progress, Replaced, Reused, StartOutcome
 from .errors import ClusterRunning, ClusterStartError, NoCluster
@@ -105,6 +105,7 @@ class Session:
                     exc.args = (f"{exc.args[0]} (the cluster it was to replace, {old}, was stopped)",)
                 raise
             self.cluster = cluster
+            publish.announce(cluster)  # the server's pages (<base_url>tfmagic/), if a server started us
             if running is not None:
                 outcome = Replaced(
                     **{k: getattr(outcome, k) for k in ("seconds", "warm", "cold", "attempts")}, replaced=old
@@ -130,6 +131,7 @@ class Session:
                     f"a cluster is running ({running.describe()}); stop it first (%tf_cluster stop), then attach"
                 )
             self.cluster = cluster
+            publish.announce(cluster)
             return cluster
 
     def stop(self) -> Cluster:

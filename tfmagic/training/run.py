@@ -375,9 +375,9 @@ class TrainingRun:
             else:
                 w.lost = True
         if self.config.logdir is not None and self._writer is None:
-            from .tensorboard import SummaryWriterThread
+            from ..tensorboard import Writer
 
-            self._writer = SummaryWriterThread(self.config.logdir / self.name, self.history)
+            self._writer = Writer(self.config.logdir / self.name, self.history, run=self)
         self.history.add_event(
             "start", detail=f"{self.mode}, {self.workers_n} workers", step=self._start_step
         )
@@ -455,6 +455,7 @@ class TrainingRun:
                 with tf.device("/job:localhost/replica:0/task:0/device:CPU:0"):
                     w = [tf.constant(a) for a in weights]
                     loss = float(self.model.loss(w, tf.constant(x), tf.constant(y), state=state))
+                self.probed = (step, weights)  # the TensorBoard writer's weight histograms
                 self.history.add_eval(step, time.time(), loss)
 
     def _evaluate(self) -> None:

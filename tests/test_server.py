@@ -1,0 +1,438 @@
+"""tfmagic's pages in a real Jupyter server, seen by a real headless Chromium.
+
+One server per module, as a class would have it: on loopback, base URL
+``/user/test/`` (JupyterHub's shape) and a token.  A real kernel, started
+through the server's REST API for a notebook, starts a paced cluster and
+trains with TensorBoard logs; the browser then reads the cluster list, a
+dashboard page whose frame must change while the kernel trains, TensorBoard
+through jupyter-server-proxy, and the server must refuse what comes without
+the token.  Everything the tests start is ended by its pid and checked gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+import zipfile
+from pathlib import Path
+
+import psutil
+import pytest
+
+from .conftest import assert_gone, poll_for, task_processes
+
+pytestmark = [pytest.mark.server, pytest.mark.kernel, pytest.mark.cluster]
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "test-artifacts" / "server"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
+BASE_URL = "/user/test/"
+STEPS = 4000  # a paced async run of about a minute here: long enough to watch, short enough to finish
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None
+
+
+def _get(url: str, redirect: bool = True) -> tuple[int, dict, bytes]:
+    opener = urllib.request.build_opener() if redirect else urllib.request.build_opener(_NoRedirect)
+    try:
+        with opener.open(url, timeout=20) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+def _extension_config_installed() -> bool:
+    data = Path(sysconfig.get_path("data")) / "etc" / "jupyter" / "jupyter_server_config.d" / "tfmagic.json"
+    return data.exists()
+
+
+class Server:
+    def __init__(self, proc, url: str, token: str, runtime: Path, work: Path) -> None:
+        self.proc, self.url, self.token, self.runtime, self.work = proc, url, token, runtime, work
+
+    def api(self, method: str, path: str, body: dict | None = None) -> dict | None:
+        req = urllib.request.Request(
+            f"{self.url}{path}?token={self.token}",
+            method=method,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=60) as r:
+            text = r.read()
+        return json.loads(text) if text else None
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A Jupyter server on loopback with base URL /user/test/ and a token; tfmagic's extension as installed."""
+    tmp = tmp_path_factory.mktemp("server")
+    work = tmp / "work"
+    work.mkdir()
+    (work / "class.ipynb").write_text(
+        json.dumps(
+            {
+                "cells": [],
+                "metadata": {
+                    "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}
+                },
+                "nbformat": 4,
+                "nbformat_minor": 5,
+            }
+        )
+    )
+    env = dict(os.environ, TFMAGIC_SPARES="0")
+    for name in ("PYTEST_CURRENT_TEST", "TFMAGIC_PUBLISH_DIR", "TENSORBOARD_PROXY_URL"):
+        env.pop(name, None)
+    for name in ("JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR"):
+        d = tmp / name.lower()
+        d.mkdir(mode=0o700)
+        env[name] = str(d)
+    if not _extension_config_installed():
+        # An editable install (pip install -e) does not install data files: read the same file
+        # from the repository, through the same config mechanism a real install uses.
+        env["JUPYTER_CONFIG_PATH"] = str(ROOT / "jupyter-config")
+    port, token = _free_port(), secrets.token_hex(16)
+    log = open(tmp / "server.log", "w")  # noqa: SIM115 - closed in the teardown below
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jupyter",
+            "server",
+            "--allow-root",
+            "--no-browser",
+            "--ServerApp.ip=127.0.0.1",
+            f"--port={port}",
+            "--port-retries=0",
+            f"--IdentityProvider.token={token}",
+            f"--ServerApp.base_url={BASE_URL}",
+            f"--ServerApp.root_dir={work}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}{BASE_URL}"
+    srv = Server(proc, url, token, Path(env["JUPYTER_RUNTIME_DIR"]), work)
+
+    def ready():
+        if proc.poll() is not None:
+            raise AssertionError("the Jupyter server ended: " + (tmp / "server.log").read_text()[-3000:])
+        try:
+            return _get(f"{url}api/status?token={token}")[0] == 200
+        except OSError:
+            return False
+
+    before = set(task_processes())
+    try:
+        poll_for(ready, 60, what="the Jupyter server")
+        yield srv
+    finally:
+        try:
+            srv.api("POST", "api/shutdown")
+            proc.wait(30)
+        except Exception:  # noqa: BLE001 - the server did not shut down: end it by its pid
+            proc.kill()
+            proc.wait(10)
+        log.close()
+        assert_gone(set(task_processes()) - before, timeout=30)
+        assert not list(srv.runtime.glob("tfmagic-pages-*")), "the server left its pages directory behind"
+
+
+class Kernel:
+    """The notebook's kernel, started by the server (as a notebook page does), driven by jupyter_client."""
+
+    def __init__(self, server: Server) -> None:
+        from jupyter_client import BlockingKernelClient
+
+        self.server = server
+        session = server.api(
+            "POST", "api/sessions", {"path": "class.ipynb", "type": "notebook", "kernel": {"name": "python3"}}
+        )
+        self.session_id, self.id = session["id"], session["kernel"]["id"]
+        connection = server.runtime / f"kernel-{self.id}.json"
+        poll_for(connection.exists, 30, what="the kernel's connection file")
+        self.client = BlockingKernelClient(connection_file=str(connection))
+        self.client.load_connection_file()
+        self.client.start_channels(hb=False)  # a heartbeat that has not beaten yet reads as a dead kernel
+        self.client.wait_for_ready(60)
+        self.pid = self.run("import os; print(os.getpid())").strip().splitlines()[-1]
+
+    def run(self, code: str, timeout: float = 180) -> str:
+        """Run a cell; returns what it printed and displayed (text, and HTML after a marker)."""
+        msg_id = self.client.execute(code)
+        out, error = [], None
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = self.client.get_iopub_msg(timeout=max(1, deadline - time.monotonic()))
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                out.append(content["text"])
+            elif kind in ("execute_result", "display_data"):
+                data = content["data"]
+                out.append(data.get("text/plain", ""))
+                if "text/html" in data:
+                    out.append("\nHTML:" + data["text/html"])
+            elif kind == "error":
+                error = "\n".join(content["traceback"])
+            elif kind == "status" and content["execution_state"] == "idle":
+                break
+        if error:
+            raise AssertionError(f"the cell failed:\n{code}\n{error}")
+        return "".join(out)
+
+    def close(self) -> None:
+        self.client.stop_channels()
+        self.server.api("DELETE", f"api/sessions/{self.session_id}")  # ends the kernel
+
+
+@pytest.fixture(scope="module")
+def trained(server, tmp_path_factory):
+    """A kernel of class.ipynb with a paced 1 ps + 2 worker cluster, training async with TensorBoard logs."""
+    logdir = tmp_path_factory.mktemp("tb")
+    kernel = Kernel(server)
+    tasks: set[int] = set()
+    try:
+        kernel.run("%load_ext tfmagic")
+        kernel.run("%tf_cluster start --ps 1 --workers 2 --pace 30ms")
+        kernel.run(
+            "import tfmagic\n"
+            f"run = tfmagic.train(tfmagic.current_cluster(), mode='async', model='digits', steps={STEPS}, "
+            f"lr=0.05, logdir={str(logdir)!r}, block=False)"
+        )
+        poll_for(
+            lambda: int(kernel.run("print(run.history.steps)").split()[-1]) > 20,
+            120,
+            interval=0.5,
+            what="the run's first updates",
+        )
+        tasks = {
+            int(p)
+            for p in kernel.run(
+                "print(*[p.task_pid for p in tfmagic.current_cluster().procs.values()])"
+            ).split()
+        }
+        yield kernel, logdir
+    finally:
+        boards = []
+        try:
+            kernel.run("run.stop()")
+            boards = [
+                int(p)
+                for p in kernel.run(
+                    "print(*[b.pid for b in tfmagic.tensorboard._running.values() if b.alive])"
+                ).split()
+            ]
+        finally:
+            pid = int(kernel.pid)
+            kernel.close()
+        assert_gone([pid, *tasks, *boards], timeout=30)
+
+
+def _browser():
+    from playwright.sync_api import sync_playwright
+
+    pw = sync_playwright().start()
+    return pw, pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+
+
+@pytest.fixture(scope="module")
+def page(server):
+    """A Chromium page logged in with the token (Jupyter sets its login cookie from ?token=)."""
+    if not os.path.exists(CHROMIUM):
+        pytest.skip("Debian's chromium is not installed (.ci/run installs it: apt-get install -y chromium)")
+    pytest.importorskip("playwright")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    pw, browser = _browser()
+    try:
+        page = browser.new_page(viewport={"width": 1200, "height": 1000})
+        page.goto(f"{server.url}tfmagic/?token={server.token}")
+        yield page
+    finally:
+        browser.close()
+        pw.stop()
+
+
+# -- install ---------------------------------------------------------------------------------------
+
+
+def test_installing_tfmagic_enables_the_extension(tmp_path):
+    """The wheel carries the config file that enables tfmagic.server in etc/jupyter (no manual step)."""
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (wheel,) = tmp_path.glob("tfmagic-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        name = next(n for n in z.namelist() if n.endswith("etc/jupyter/jupyter_server_config.d/tfmagic.json"))
+        config = json.loads(z.read(name))
+    assert config == {"ServerApp": {"jpserver_extensions": {"tfmagic.server": True}}}
+    import tfmagic.server
+
+    assert tfmagic.server._jupyter_server_extension_points() == [{"module": "tfmagic.server"}]
+
+
+# -- pages -----------------------------------------------------------------------------------------
+
+
+def test_the_list_shows_the_notebooks_cluster(server, trained, page):
+    page.goto(f"{server.url}tfmagic/")
+    row = page.locator("#tfmagic-clusters tr[data-cluster]").first
+    row.wait_for(timeout=20_000)
+    text = row.inner_text()
+    assert "class.ipynb" in text and "1 ps, 2 workers" in text and "running" in text, text
+    assert re.search(r"\d+(\.\d+)? [MG]B", text), f"no memory figure in {text!r}"
+    page.screenshot(path=str(ARTIFACTS / "list.png"))
+    href = row.locator("a").get_attribute("href")
+    assert href.startswith("cluster/") and href.endswith("/")
+
+
+def test_the_dashboard_page_is_live_while_the_kernel_trains(server, trained, page):
+    kernel, _ = trained
+    page.goto(f"{server.url}tfmagic/")
+    page.locator("#tfmagic-clusters a").first.click()
+    page.wait_for_function(
+        "Number(document.getElementById('tfmagic-frame').dataset.frame) > 0", timeout=20_000
+    )
+    img = page.locator("#tfmagic-frame")
+
+    def shot():
+        src = img.evaluate(
+            "async (el) => { const r = await fetch(el.src); const b = new Uint8Array(await r.arrayBuffer());"
+            " let h = 0; for (const x of b) h = (h * 31 + x) >>> 0; return [el.dataset.frame, h, b.length]; }"
+        )
+        return int(src[0]), src[1], page.locator("#tfmagic-header").inner_text()
+
+    t0 = time.monotonic()
+    first = shot()
+    steps0 = int(kernel.run("print(run.history.steps)").split()[-1])
+    page.wait_for_timeout(3000)
+    last = shot()
+    elapsed = time.monotonic() - t0
+    steps1 = int(kernel.run("print(run.history.steps)").split()[-1])
+    page.screenshot(path=str(ARTIFACTS / "dashboard.png"))
+    assert steps1 > steps0, "the kernel was not training while the page watched"
+    rate = (last[0] - first[0]) / elapsed
+    print(f"dashboard page: {rate:.1f} frames/s over {elapsed:.1f} s")
+    assert rate >= 2.0, f"the page showed {rate:.1f} frames a second; it must refresh at least twice a second"
+    assert last[1] != first[1], "the picture did not change while the kernel trained"
+    assert last[2] != first[2], f"the header did not change: {first[2]!r}"
+    table = page.locator("#tfmagic-table").inner_text()
+    assert "worker:0" in table and "ps:0" in table, table
+
+
+def test_a_cluster_that_never_existed_or_stopped_is_a_clear_404(server, trained, page):
+    status, _, body = _get(f"{server.url}tfmagic/cluster/no-such-cluster/?token={server.token}")
+    text = body.decode()
+    assert status == 404 and "There is no cluster no-such-cluster on this server" in text
+    assert "Traceback" not in text
+    assert _get(f"{server.url}tfmagic/cluster/..%2F..%2Fetc/?token={server.token}")[0] == 404
+    # a kernel that died without saying so (kill -9): its record says running, the server knows better
+    pages = next(server.runtime.glob("tfmagic-pages-*"))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    record = {"id": f"{dead.pid}-c9", "kernel_pid": dead.pid, "kernel_started": "1", "cluster": "c9"}
+    record |= {
+        "shape": "1 ps, 3 workers",
+        "state": "running",
+        "started_at": time.time(),
+        "updated_at": time.time(),
+    }
+    (pages / f"{dead.pid}-c9.json").write_text(json.dumps(record))
+    page.goto(f"{server.url}tfmagic/")
+    row = page.locator(f"tr[data-cluster='{dead.pid}-c9']")
+    row.wait_for(timeout=10_000)
+    assert "stopped (its kernel ended)" in row.inner_text()
+    assert row.locator("a").count() == 0, "a stopped cluster must not link to a live page"
+    response = page.goto(f"{server.url}tfmagic/cluster/{dead.pid}-c9/")
+    assert response.status == 404
+    assert "has stopped (its kernel ended)" in page.locator("#tfmagic-404").inner_text()
+
+
+def test_requests_without_the_token_are_refused(server, trained):
+    rid = json.loads(_get(f"{server.url}tfmagic/api/clusters?token={server.token}")[2])["clusters"][0]["id"]
+    for path in ("tfmagic/", f"tfmagic/cluster/{rid}/"):
+        status, headers, _ = _get(server.url + path, redirect=False)
+        assert status == 302 and "/user/test/login" in headers["Location"], (path, status)
+    for path in (
+        "tfmagic/api/clusters",
+        f"tfmagic/cluster/{rid}/frame.png",
+        f"tfmagic/cluster/{rid}/frame.json",
+    ):
+        assert _get(server.url + path, redirect=False)[0] == 403, path
+    assert _get(f"{server.url}tfmagic/api/clusters?token=wrong", redirect=False)[0] == 403
+
+
+# -- TensorBoard -----------------------------------------------------------------------------------
+
+
+def test_tensorboard_shows_the_runs_scalars_through_the_proxy(server, trained, page):
+    kernel, logdir = trained
+    poll_for(
+        lambda: "done" in kernel.run("print('done' if run.history.done else run.history.steps)"),
+        240,
+        interval=1,
+        what="the run to finish",
+    )
+    out = kernel.run(f"tb = tfmagic.tensorboard.show({str(logdir)!r})\ntb")
+    src = re.search(r"<iframe src='([^']+)'", out).group(1)
+    assert re.fullmatch(r"/user/test/proxy/\d+/", src), src
+    board_pid = int(kernel.run("print(tb.pid)").split()[-1])
+    assert psutil.Process(board_pid).is_running()
+    proxied = f"http://127.0.0.1:{server.url.split(':')[2].split('/')[0]}{src}"
+    status, _, body = _get(f"{proxied}data/plugin/scalars/tags?token={server.token}")
+    tags = json.loads(body)
+    assert status == 200 and {"async/worker-0", "async/worker-1", "async/global"} <= set(tags), tags
+    assert {"loss", "step_time_s", "staleness"} <= set(tags["async/worker-0"])
+    assert {"loss", "heldout_loss"} <= set(tags["async/global"])
+    histograms = json.loads(_get(f"{proxied}data/plugin/histograms/tags?token={server.token}")[2])
+    assert {"weights/hidden/kernel", "weights/output/bias"} <= set(histograms["async/global"]), histograms
+    # what a person sees: TensorBoard's own page, through the proxy, lists the runs and plots loss
+    page.goto(proxied)
+    page.get_by_text("async/worker-0").first.wait_for(timeout=60_000)
+    page.get_by_text("step_time_s").first.wait_for(timeout=60_000)
+    page.screenshot(path=str(ARTIFACTS / "tensorboard.png"))
+    assert _get(proxied, redirect=False)[0] in (302, 403), "TensorBoard must be behind the server's login"
+    assert kernel.run("print(tfmagic.tensorboard.show(" + repr(str(logdir)) + ") is tb)").strip() == "True"
+
+
+def test_tensorboard_for_a_missing_logdir_says_so_in_one_line(trained):
+    kernel, logdir = trained
+    out = kernel.run(f"tfmagic.tensorboard.show({str(logdir / 'nope')!r})")
+    text = out.split("\nHTML:")[0].strip()
+    assert text.startswith("no TensorBoard logs at") and "does not exist" in text and "\n" not in text, text

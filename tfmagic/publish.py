@@ -1,0 +1,311 @@
+"""A kernel's clusters, published for the Jupyter server's pages (``<base_url>tfmagic/``).
+
+The server extension (:mod:`tfmagic.server`) cannot reach into a kernel: it
+is another process.  So each kernel the server starts (the server puts
+:data:`ENV_DIR` in the environment its kernels inherit) writes what the
+pages show into that private directory:
+
+* ``<id>.json``: the cluster's record (kernel, notebook, shape, state,
+  memory, the run on it), rewritten when something happens to it and every
+  few seconds while a page looks;
+* ``<id>.png`` and ``<id>.frame.json``: the dashboard's latest frame (the
+  same :class:`~tfmagic.dashboard.Dashboard` picture and table as the
+  widget), drawn at :data:`FRAME_EVERY` *only while a page watches*: the
+  server touches ``<id>.watching`` on each request of a page, and the
+  publisher draws while that file is younger than :data:`WATCH_FRESH`.
+
+Nobody pays when nobody watches: without the variable (a script, a kernel
+not started by such a server) :func:`announce` returns at once; with it
+and no page open, one thread looks at a file's mtime four times a second.
+
+Security: the directory must be ours, a real directory (not a link) that
+nobody else can write (checked without following links, as the bind
+library's cache is); anything else and nothing is published.  Every file is
+written as a new file and renamed into place, so a reader never sees half.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import sys
+import threading
+import time
+import weakref
+from pathlib import Path
+
+from . import events
+from .loopback import trusted_dir
+
+log = logging.getLogger("tfmagic.publish")
+
+#: set by the server extension for the kernels it starts: where their clusters are published
+ENV_DIR = "TFMAGIC_PUBLISH_DIR"
+#: seconds between frames while a page watches (the pages promise at least two a second)
+FRAME_EVERY = 0.25
+#: a page counts as watching for this long after its last request
+WATCH_FRESH = 3.0
+#: seconds between record rewrites while a page looks (memory, the run's progress)
+RECORD_EVERY = 2.0
+#: the file the list page touches
+LIST_WATCH = "list.watching"
+
+_ID = re.compile(r"^[A-Za-z0-9_.-]{1,80}$")
+
+
+def valid_id(text: str) -> bool:
+    """Whether ``text`` can name a record (the server checks ids from URLs with it)."""
+    return bool(_ID.match(text)) and not text.startswith(".")
+
+
+def directory() -> Path | None:
+    """The publish directory from the environment, if it is set and private; else None."""
+    value = os.environ.get(ENV_DIR)
+    if not value:
+        return None
+    path = Path(value)
+    if not trusted_dir(path):
+        log.warning("not publishing clusters to %s: it is not a private directory of this user", path)
+        return None
+    return path
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to a new file beside ``path`` and rename it into place (mode 0600)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def watched(path: Path, now: float | None = None) -> bool:
+    """Whether a page touched ``path`` within :data:`WATCH_FRESH` seconds."""
+    try:
+        mtime = os.stat(path).st_mtime
+    except OSError:
+        return False
+    return (now or time.time()) - mtime < WATCH_FRESH
+
+
+def process_start(pid: int) -> str | None:
+    """A process's start time in clock ticks since boot (tells a reused pid apart)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def _kernel_id() -> str:
+    """The Jupyter kernel id, read from the connection file on the kernel's command line."""
+    for arg in sys.argv:
+        m = re.search(r"kernel-([0-9a-f-]{8,})\.json$", arg)
+        if m:
+            return m.group(1)
+    return ""
+
+
+class _Published:
+    """One cluster's record, and its dashboard while a page watches."""
+
+    def __init__(self, root: Path, cluster) -> None:
+        self.root = root
+        self.ref = weakref.ref(cluster)
+        self.id = f"{os.getpid()}-{cluster.name}"
+        self.started_at = time.time()
+        self.dashboard = None
+        self.run = None
+        self.frame = 0
+        self.next_frame = 0.0
+        self.next_record = 0.0
+        self.final = False
+        self.dirty = threading.Event()
+        self.sub = cluster.events.subscribe(lambda event: self.dirty.set())
+
+    def path(self, suffix: str) -> Path:
+        return self.root / f"{self.id}{suffix}"
+
+    def record(self) -> dict:
+        cluster = self.ref()
+        rec = {
+            "id": self.id,
+            "kernel_pid": os.getpid(),
+            "kernel_started": process_start(os.getpid()),
+            "kernel_id": _kernel_id(),
+            "notebook": os.environ.get("JPY_SESSION_NAME", ""),
+            "started_at": self.started_at,
+            "updated_at": time.time(),
+        }
+        if cluster is None:
+            return rec | {"cluster": "?", "shape": "", "state": "stopped", "memory": None, "run": ""}
+        memory = 0
+        tasks = []
+        for task, proc in list(cluster.procs.items()):
+            alive = proc.alive
+            rss = None
+            if alive and proc.task_pid:
+                try:
+                    import psutil
+
+                    rss = psutil.Process(proc.task_pid).memory_info().rss
+                except Exception:  # noqa: BLE001 - a task gone (or remote) between two reads: no figure
+                    rss = None
+            memory += rss or 0
+            tasks.append({"task": str(task), "alive": alive, "pid": proc.task_pid, "rss": rss})
+        run = self._latest_run(cluster)
+        run_text = ""
+        if run is not None:
+            history = getattr(run, "history", None)
+            if history is not None:
+                run_text = f"{history.run}: {history.steps} updates" + (", done" if history.done else "")
+        return rec | {
+            "cluster": cluster.name,
+            "shape": cluster.describe(),
+            "state": "running" if cluster.running else "stopped",
+            "memory": memory or None,
+            "tasks": tasks,
+            "run": run_text,
+        }
+
+    def write_record(self) -> dict:
+        rec = self.record()
+        write_atomic(self.path(".json"), json.dumps(rec).encode())
+        return rec
+
+    def _latest_run(self, cluster):
+        run = next(iter(events.started), None)
+        return run if run is not None and getattr(run, "cluster", None) is cluster else None
+
+    def draw(self, cluster) -> None:
+        """One frame of the dashboard into ``<id>.png`` and ``<id>.frame.json``."""
+        run = self._latest_run(cluster)
+        if self.dashboard is None or run is not self.run:
+            self.stop_dashboard()
+            from .dashboard import Dashboard
+
+            before = Dashboard._latest  # the notebook's own latest dashboard stays Dashboard.latest()
+            self.dashboard = Dashboard(cluster, runs=[run] if run is not None else [])
+            Dashboard._latest = before
+            self.run = run
+        png = self.dashboard.draw()
+        self.frame += 1
+        write_atomic(self.path(".png"), png)
+        frame = {
+            "frame": self.frame,
+            "time": time.time(),
+            "header_html": self.dashboard.header_html(),
+            "table_html": self.dashboard.table_html(),
+            "state": "running" if cluster.running else "stopped",
+        }
+        write_atomic(self.path(".frame.json"), json.dumps(frame).encode())
+
+    def stop_dashboard(self) -> None:
+        if self.dashboard is not None:
+            self.dashboard.stop()
+            self.dashboard = None
+            self.run = None
+
+    def tick(self, now: float, list_watched: bool) -> bool:
+        """Do what is due; returns False once the cluster has stopped and its last record is written."""
+        cluster = self.ref()
+        watching = watched(self.path(".watching"), now)
+        if cluster is None or not cluster.running:
+            if watching and cluster is not None:
+                self.draw(cluster)  # the last frame, with the stopped table
+            self.stop_dashboard()
+            self.sub.close()
+            self.write_record()
+            return False
+        if self.dirty.is_set() or ((watching or list_watched) and now >= self.next_record):
+            self.dirty.clear()
+            self.write_record()
+            self.next_record = now + RECORD_EVERY
+        if watching and now >= self.next_frame:
+            self.draw(cluster)
+            self.next_frame = now + FRAME_EVERY
+        elif not watching:
+            self.stop_dashboard()  # nobody looks: no subscriptions, no drawing
+        return True
+
+
+class Publisher:
+    """The kernel's one publishing thread; it follows every announced cluster until it stops."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._lock = threading.Lock()
+        self._items: dict[int, _Published] = {}
+        self._thread: threading.Thread | None = None
+        self._wake = threading.Event()
+
+    def add(self, cluster) -> None:
+        with self._lock:
+            if id(cluster) in self._items and self._items[id(cluster)].ref() is cluster:
+                return
+            item = _Published(self.root, cluster)
+            self._items[id(cluster)] = item
+            item.write_record()
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="tfmagic-publish", daemon=True)
+                self._thread.start()
+        self._wake.set()
+
+    def _loop(self) -> None:
+        while True:
+            now = time.time()
+            list_watched = watched(self.root / LIST_WATCH, now)
+            with self._lock:
+                items = list(self._items.items())
+            for key, item in items:
+                try:
+                    alive = item.tick(now, list_watched)
+                except Exception:  # a failed frame or record must not end publishing (logged)
+                    log.debug("publishing %s failed", item.id, exc_info=True)
+                    alive = True
+                if not alive:
+                    with self._lock:
+                        self._items.pop(key, None)
+            with self._lock:
+                if not self._items:
+                    self._thread = None
+                    return
+            self._wake.wait(FRAME_EVERY / 2)
+            self._wake.clear()
+
+
+_publisher: Publisher | None = None
+_publisher_lock = threading.Lock()
+
+
+def announce(cluster) -> bool:
+    """Publish ``cluster`` for the server's pages, if this kernel was started by one; returns whether.
+
+    Called by the session when a cluster starts or is attached.  Never
+    raises: a page that cannot be fed must not stop a start.
+    """
+    global _publisher
+    if not os.environ.get(ENV_DIR):
+        return False
+    try:
+        root = directory()
+        if root is None:
+            return False
+        with _publisher_lock:
+            if _publisher is None or _publisher.root != root:
+                _publisher = Publisher(root)
+            publisher = _publisher
+        publisher.add(cluster)
+        return True
+    except Exception:  # publishing is a courtesy to the pages, never a reason to fail (logged)
+        log.warning("could not publish cluster %s for the Jupyter pages", cluster.name, exc_info=True)
+        return False
