@@ -4,7 +4,8 @@ One ``Magics`` class per family:
 
 * :mod:`.cluster`: ``%tf_cluster VERB`` (start, status, logs, slow, kill, restart, stop, ...);
 * :mod:`.training`: ``%tf_train``, ``%tf_dashboard``;
-* :mod:`.cells`: ``%%tf_device``, ``%%tf_px``.
+* :mod:`.cells`: ``%%tf_device``, ``%%tf_px``;
+* :mod:`.experiments`: ``%tf_experiment NAME`` (the classic experiments, checking themselves).
 
 Bad input becomes one ``UsageError`` line saying what was wrong and what to
 do, in magic syntax (:mod:`.render`); nothing here changes a running cluster
@@ -21,9 +22,10 @@ from .. import owner, session
 from ..pool import default_pool
 from .cells import CellMagics
 from .cluster import ClusterMagics
+from .experiments import ExperimentMagics
 from .training import TrainingMagics
 
-__all__ = ["CellMagics", "ClusterMagics", "TrainingMagics", "load", "unload"]
+__all__ = ["CellMagics", "ClusterMagics", "ExperimentMagics", "TrainingMagics", "load", "unload"]
 
 _filter = None
 
@@ -31,7 +33,7 @@ _filter = None
 def load(ipython) -> None:
     """Register the magics and keep TensorFlow's C++ log lines out of the notebook."""
     global _filter
-    for magics in (ClusterMagics, TrainingMagics, CellMagics):
+    for magics in (ClusterMagics, TrainingMagics, CellMagics, ExperimentMagics):
         ipython.register_magics(magics)
     default_pool().reopen()
     if os.environ.get("TFMAGIC_SHOW_TF_LOGS", "") not in ("1", "true", "yes"):

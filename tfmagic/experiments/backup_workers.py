@@ -1,0 +1,66 @@
+"""Backup workers: aggregate the first N of N + b gradients, and a straggler no longer sets the pace.
+
+Three paced workers, sync with one backup (the first 2 of 3 gradients make
+each update, the last is dropped).  Measured on one cluster: the update time
+with nobody slowed, then with ``worker:2``'s machine ``K`` times slower, with
+the backup and without it (the contrast: plain sync waits for the straggler).
+"""
+
+from __future__ import annotations
+
+from .base import Check, Claim, Finding, Lab, figure
+
+CLAIM = Claim(
+    "Synchronous SGD with b backup workers (apply the first N of N + b gradients, drop the rest) "
+    "is not held up by stragglers: it keeps the pace it has without them",
+    'Chen, Pan, Monga, Bengio, Jozefowicz, "Revisiting Distributed Synchronous SGD", 2016 (arXiv:1604.00981)',
+)
+
+K = 4
+WORKERS = 3
+SLOW = "worker:2"
+
+
+def measure(lab: Lab) -> Finding:
+    with lab.cluster(workers=WORKERS) as cluster:
+        base = lab.train(cluster, "sync", 30, label="sync, 2 of 3, nobody slowed", backup_workers=1)
+        lab.progress(f"slowing {SLOW} x{K} (its modelled machine)")
+        cluster.slow(SLOW, K)
+        backup = lab.train(cluster, "sync", 30, label=f"sync, 2 of 3, {SLOW} x{K}", backup_workers=1)
+        plain = lab.train(cluster, "sync", 15, label=f"sync, 3 of 3, {SLOW} x{K}")
+    t_base, t_backup, t_plain = (h.median_step_time() for h in (base, backup, plain))
+    dropped = backup.dropped()
+    ratio, plain_ratio = t_backup / t_base, t_plain / t_base
+    measured = {
+        "k": K,
+        "2 of 3, nobody slowed (ms/update)": t_base * 1000,
+        f"2 of 3, {SLOW} x{K} (ms/update)": t_backup * 1000,
+        f"3 of 3, {SLOW} x{K} (ms/update)": t_plain * 1000,
+        "backup pace ratio": ratio,
+        "no-backup pace ratio": plain_ratio,
+        f"{SLOW}'s gradients dropped": dropped.get(SLOW, 0),
+    }
+    checks = [
+        Check("backup pace ratio", ratio, 1.15, "<=", "with a backup, the straggler costs at most 15 %"),
+        Check("no-backup pace ratio", plain_ratio, 0.6 * K, ">=", "without one, the straggler paces sync"),
+    ]
+    fig, (a, b) = figure()
+    labels = ["2 of 3\nnobody slowed", f"2 of 3\n{SLOW} x{K}", f"3 of 3\n{SLOW} x{K}"]
+    a.bar(labels, [t_base * 1000, t_backup * 1000, t_plain * 1000], color=["#1f77b4", "#2ca02c", "#d62728"])
+    a.set_ylabel("ms per sync update (median)")
+    a.set_title("the backup absorbs the straggler")
+    for h, name, color in (
+        (base, "2 of 3, nobody slowed", "#1f77b4"),
+        (backup, f"2 of 3, {SLOW} x{K}", "#2ca02c"),
+    ):
+        g = h.global_steps
+        b.plot([x.time - g[0].time for x in g], [x.step for x in g], label=name, color=color)
+    g = plain.global_steps
+    b.plot(
+        [x.time - g[0].time for x in g], [x.step for x in g], label=f"3 of 3, {SLOW} x{K}", color="#d62728"
+    )
+    b.set_xlabel("seconds")
+    b.set_ylabel("updates")
+    b.legend(fontsize=8)
+    fig.tight_layout()
+    return Finding(measured, checks, fig)

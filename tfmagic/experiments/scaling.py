@@ -1,0 +1,55 @@
+"""Scaling: async throughput grows with the number of workers, as separate machines would give.
+
+Async workers never wait for each other, so with one ps that keeps up, N
+paced workers make about N times the updates per second of one.  Measured
+on paced clusters of 1, 2 and 4 workers (8 where memory allows).
+"""
+
+from __future__ import annotations
+
+from .base import Check, Claim, Finding, Lab, figure
+
+CLAIM = Claim(
+    "Asynchronous data-parallel training scales: with a parameter server that keeps up, N workers "
+    "make about N times the updates per second of one",
+    "seed article 001 (data parallelism, async SGD); Dean et al., Large Scale Distributed Deep Networks, NIPS 2012",
+)
+
+SIZES = (1, 2, 4, 8)
+UPDATES_PER_WORKER = 30
+EFFICIENCY = 0.8
+
+
+def measure(lab: Lab) -> Finding:
+    rate: dict[int, float] = {}
+    notes = []
+    for n in SIZES:
+        if n > 4:
+            ok, words = lab.fits(n + 1)
+            if not ok:
+                notes.append(f"{n} workers skipped: it would not fit ({words})")
+                lab.progress(notes[-1])
+                continue
+            notes.append(f"{n} workers fit the memory limit ({words})")
+        with lab.cluster(workers=n) as cluster:
+            h = lab.train(cluster, "async", UPDATES_PER_WORKER * n, label=f"async, {n} workers")
+        rate[n] = h.updates_per_s()
+    sizes = sorted(rate)
+    measured = {f"updates/s, {n} workers": rate[n] for n in sizes}
+    measured |= {f"speed-up, {n} workers": rate[n] / rate[1] for n in sizes if n > 1}
+    checks = [
+        Check(
+            f"speed-up with {n} workers / {n}", rate[n] / rate[1] / n, EFFICIENCY, ">=", "about N times one"
+        )
+        for n in sizes
+        if n > 1
+    ]
+    fig, (a,) = figure(1, 5)
+    a.plot(sizes, [rate[n] / rate[1] for n in sizes], "o-", label="measured")
+    a.plot(sizes, sizes, "k--", label="N times one worker")
+    a.set_xlabel("workers")
+    a.set_ylabel("async updates/s over one worker's")
+    a.set_xticks(sizes)
+    a.legend(fontsize=8)
+    fig.tight_layout()
+    return Finding(measured, checks, fig, notes)
