@@ -1,64 +1,110 @@
-"""Stragglers: what one slowed worker of three does to sync and async training.
+"""Stragglers, paced and unpaced side by side: what one slowed worker of three does to sync and async.
 
-Prints, from one run on 1 ps + 3 workers (digits MLP, batch 32):
-  1. sync step time with worker:2 slowed by k, over the unslowed step time (should track k);
-     async total throughput with worker:2 slowed by k, over unslowed (aim >= 0.7);
-  2. sync with 1 backup worker and worker:2 slowed, step time over sync with no straggler (aim <= 1.15).
+One cluster of 1 ps + 3 workers without a pace (``slow`` pauses and resumes
+the task's process), then one with a pace (each worker a modelled machine;
+``slow`` makes that machine k times slower); digits MLP, batch 32.  For
+k = 2, 4, 8 on worker:2, and against the textbook:
 
-    python bench/stragglers.py [--factors 2 4 8] [--steps 150]
+* sync step time over the unslowed step time (textbook: k);
+* async total updates/s over unslowed (two workers at full pace, one at 1/k: (2 + 1/k) / 3);
+* the unslowed workers' async pace over theirs without a straggler (textbook: 1);
+* sync with 1 backup worker and a x4 straggler, over the same backup setting without one (textbook: 1),
+  and over plain sync without a straggler.
+
+    python bench/stragglers.py [--factors 2 4 8] [--steps 40] [--pace 60ms] [--only paced|unpaced]
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 
 import tfmagic
 from tfmagic.training.models import Digits
 
 
 def sync_step(cluster, steps, model, batch, backup=0) -> float:
+    """Median seconds per update (warm-up left out)."""
     h = tfmagic.train(cluster, mode="sync", model=model, steps=steps, batch_size=batch, backup_workers=backup)
-    return h.mean_step_time(last=steps - 10)
+    return h.median_step_time()
 
 
 def async_rate(cluster, steps, model, batch) -> tuple[float, dict]:
-    """Total updates/s (after the first 30), and steps/s per worker."""
-    h = tfmagic.train(cluster, mode="async", model=model, steps=steps * 3, batch_size=batch)
-    g = h.global_steps
+    """Total updates/s after warm-up, and steps/s per worker."""
+    h = tfmagic.train(cluster, mode="async", model=model, steps=steps, batch_size=batch)
     per_task = {t: v["steps_per_s"] for t, v in h.throughput().items() if t != "total"}
-    return (len(g) - 30) / (g[-1].time - g[29].time), per_task
+    return h.updates_per_s(), per_task
+
+
+def measure(cluster, args, model) -> dict:
+    out: dict = {}
+    steps = args.steps
+    base_sync = sync_step(cluster, steps, model, args.batch)
+    base_async, base_tasks = async_rate(cluster, 3 * steps * 2, model, args.batch)
+    out["base"] = (base_sync, base_async)
+    for k in args.factors:
+        cluster.slow("worker:2", k)
+        s = sync_step(cluster, steps, model, args.batch)
+        a, tasks = async_rate(cluster, 3 * steps * 2, model, args.batch)
+        others = min(tasks[t] / base_tasks[t] for t in ("worker:0", "worker:1"))
+        out[k] = (s / base_sync, a / base_async, others, tasks["worker:2"] / base_tasks["worker:2"])
+    cluster.slow("worker:2", 4)
+    backup_slow = sync_step(cluster, steps, model, args.batch, backup=1)
+    cluster.slow("worker:2", 1)
+    backup_fast = sync_step(cluster, steps, model, args.batch, backup=1)
+    out["backup"] = (backup_slow / backup_fast, backup_slow / base_sync)
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--factors", type=float, nargs="+", default=[2, 4, 8])
-    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--steps", type=int, default=40, help="sync updates per measurement (async: 6x)")
+    parser.add_argument("--pace", default="60ms")
     parser.add_argument("--hidden", type=int, default=32)
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--only", choices=("paced", "unpaced"), default=None)
     args = parser.parse_args()
     model = Digits(hidden=args.hidden)
-    with tfmagic.LocalCluster(ps=1, workers=3, spares=False) as cluster:
-        base_sync = sync_step(cluster, args.steps, model, args.batch)
-        base_async, base_tasks = async_rate(cluster, args.steps, model, args.batch)
-        print(f"model digits MLP 64-{args.hidden}-10, batch {args.batch}, 1 ps + 3 workers")
-        print(f"unslowed: sync {base_sync * 1000:.1f} ms/update, async {base_async:.1f} updates/s")
-        # If the other two workers keep their pace and worker:2 runs at 1/k, async keeps
-        # (2 + 1/k) / 3 of its throughput; more when the CPU worker:2 gives up speeds the others.
-        print(
-            " k    sync step ratio   async throughput ratio (others keep pace: (2+1/k)/3)   async steps/s per worker, over unslowed"
+    results = {}
+    for name, pace in (("unpaced", None), ("paced", args.pace)):
+        if args.only and name != args.only:
+            continue
+        t0 = time.monotonic()
+        with tfmagic.LocalCluster(ps=1, workers=3, spares=False, pace=pace) as cluster:
+            results[name] = measure(cluster, args, model)
+        print(f"{name}: measured in {time.monotonic() - t0:.0f} s", flush=True)
+    names = list(results)
+    print()
+    print(f"model digits MLP 64-{args.hidden}-10, batch {args.batch}, 1 ps + 3 workers, worker:2 slowed by k")
+    print(
+        f"{'':44s}"
+        + "".join(f"{n + (' ' + args.pace if n == 'paced' else ''):>16s}" for n in names)
+        + "   textbook"
+    )
+
+    def row(label, values, textbook):
+        print(f"{label:44s}" + "".join(f"{v:16.2f}" for v in values) + f"   {textbook}")
+
+    print(
+        f"{'unslowed sync ms/update':44s}" + "".join(f"{results[n]['base'][0] * 1000:16.1f}" for n in names)
+    )
+    print(f"{'unslowed async updates/s':44s}" + "".join(f"{results[n]['base'][1]:16.1f}" for n in names))
+    for k in args.factors:
+        row(f"k={k:g}: sync step time ratio", [results[n][k][0] for n in names], f"{k:g}")
+        row(
+            f"k={k:g}: async throughput ratio",
+            [results[n][k][1] for n in names],
+            f"(2 + 1/k) / 3 = {(2 + 1 / k) / 3:.2f}",
         )
-        for k in args.factors:
-            cluster.slow("worker:2", k)
-            s = sync_step(cluster, args.steps, model, args.batch)
-            a, tasks = async_rate(cluster, args.steps, model, args.batch)
-            per = "  ".join(f"{t} {tasks[t] / base_tasks[t]:.2f}" for t in sorted(tasks))
-            print(
-                f"{k:4g}  {s / base_sync:10.2f}        {a / base_async:10.2f} ({(2 + 1 / k) / 3:.2f})                          {per}"
-            )
-        cluster.slow("worker:2", 4)
-        backup = sync_step(cluster, args.steps, model, args.batch, backup=1)
-        cluster.slow("worker:2", 1)
-        print(f"sync + 1 backup, worker:2 slowed x4: step time ratio {backup / base_sync:.2f}  (aim <= 1.15)")
+        row(f"k={k:g}: unslowed workers' async pace (min)", [results[n][k][2] for n in names], "1 (>= 0.95)")
+        row(f"k={k:g}: slowed worker's async pace", [results[n][k][3] for n in names], f"1/k = {1 / k:.2f}")
+    row(
+        "sync+1 backup, x4 straggler / no straggler",
+        [results[n]["backup"][0] for n in names],
+        "1 (0.95-1.10)",
+    )
+    row("sync+1 backup, x4 straggler / plain sync", [results[n]["backup"][1] for n in names], "about 1")
 
 
 if __name__ == "__main__":

@@ -242,7 +242,7 @@ class Dashboard:
             titles = {
                 "tp": (f"worker steps/s (last {self.window:g} s, warm-up apart)", "seconds after warm-up"),
                 "loss": (loss_title, X_AXES[self.x]),
-                "eval": ("held-out loss (the same examples for every mode)", X_AXES[self.x]),
+                "eval": ("held-out loss (same examples, every mode)", X_AXES[self.x]),
                 "gantt": (
                     f"each worker's last {self.gantt_steps} steps: busy, waiting for the others, dropped",
                     "seconds before the latest step",
@@ -516,7 +516,10 @@ class Dashboard:
                 verts[kind].append([(x0, y - 0.35), (x0, y + 0.35), (x1, y + 0.35), (x1, y - 0.35)])
         for kind, color in SEGMENT_COLORS.items():
             bars = self._artist(
-                ("gantt", kind), lambda color=color: ax.add_collection(PolyCollection([], facecolors=color))
+                ("gantt", kind),
+                lambda color=color: ax.add_collection(
+                    PolyCollection([], facecolors=color, edgecolors="white", linewidths=0.6)
+                ),
             )
             bars.set_verts(verts[kind])
         span = max(t1 - t0, 1e-3)
@@ -525,7 +528,7 @@ class Dashboard:
         if (tasks, name) != self._gantt_rows:
             self._gantt_rows = (tasks, name)
             ax.set_yticks(range(len(tasks)), tasks)
-            ax.set_ylim(len(tasks) - 0.5 if tasks else 0.5, -0.5 if tasks else -0.5)
+            ax.set_ylim(len(tasks) - 0.5, -1.3)  # a band on top for the legend
             ax.set_title(
                 (f"{name}: " if name else "")
                 + f"each worker's last {self.gantt_steps} steps (busy, waiting for the others, dropped)",

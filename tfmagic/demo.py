@@ -105,11 +105,13 @@ def run(
             if h.error:
                 print(f"{h.run} stopped: {h.error}")
         print(throughput_table(histories))
+        print()
+        print(comp.table())  # examples each mode consumed, warm-up apart from the training seconds
         for h in histories:
             print(f"{h.run:6s} final held-out loss {h.final_loss:.4f}, accuracy {h.final_accuracy:.3f}")
         if plot:
             path = save_png(convergence_figure(histories), plot)
-            print(f"Convergence plot written to {path}")
+            print(f"Convergence plot (held-out loss per update, per example, per second) written to {path}")
         print()
         print(cluster.status())
     left = owner.processes()

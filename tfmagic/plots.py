@@ -1,16 +1,28 @@
 """Static pictures of training runs (matplotlib, Agg, no pyplot).
 
-Used by ``tfmagic demo`` (a PNG) and as the fallback wherever no widget
-front end is there to show the live dashboard.
+Used by ``tfmagic demo`` (a PNG), by the notebooks, and as the fallback
+wherever no widget front end is there to show the live dashboard.  Curves
+are raw (every point measured); a moving mean is drawn only when asked, and
+then says so in its label.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .dashdata import SEGMENT_KINDS, GanttTrace, StalenessCounts
 from .metrics import History
 
-COLORS = {"sync": "#1f77b4", "async": "#d62728"}
+COLORS = {"sync": "#1f77b4", "async": "#d62728", "ssp": "#2ca02c"}
+#: the x axes every comparison is drawn against
+X_AXES = {"updates": "updates", "examples": "examples seen", "seconds": "seconds after warm-up"}
+SEGMENT_COLORS = {"busy": "#4c72b0", "wait": "#f2b447", "dropped": "#b0b0b0", "warm-up": "#dddddd"}
+SEGMENT_LABELS = {
+    "busy": "busy (computing)",
+    "wait": "waiting at the barrier",
+    "dropped": "dropped gradient",
+    "warm-up": "warm-up",
+}
 
 
 def _smooth(values: list[float], window: int) -> list[float]:
@@ -23,32 +35,158 @@ def _smooth(values: list[float], window: int) -> list[float]:
     return out
 
 
-def convergence_figure(histories: Sequence[History], title: str = "sync vs async"):
-    """Loss per global step and per second, one line per run."""
+def _x(h: History, x: str, step: float, when: float) -> float | None:
+    """Where an update ``step`` made at ``when`` goes on axis ``x`` (None: during warm-up)."""
+    if x == "updates":
+        return step
+    if x == "examples":
+        return step * h.examples_seen() / max(h.steps, 1)
+    since = when - (h.warmup_ended_at or h.started_at)
+    return since if since >= 0 else None
+
+
+def held_out_curve(h: History, x: str = "updates") -> tuple[list[float], list[float]]:
+    """The held-out loss probes of a run (``History.evals``) against ``x``."""
+    pts = [(_x(h, x, step, when), loss) for step, when, loss in sorted(h.evals)]
+    pts = [p for p in pts if p[0] is not None]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def training_curve(h: History, x: str = "updates", smooth: int | None = None) -> tuple[list, list]:
+    """The training loss of every update against ``x``: raw, or a moving mean of ``smooth`` updates."""
+    gs = sorted(h.snapshot()[1], key=lambda g: g.step)
+    losses = [g.loss for g in gs]
+    if smooth and smooth > 1:
+        losses = _smooth(losses, smooth)
+    pts = [(_x(h, x, g.step, g.time), loss) for g, loss in zip(gs, losses)]
+    pts = [p for p in pts if p[0] is not None]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def convergence_figure(
+    histories: Sequence[History],
+    title: str = "sync vs async",
+    axes: Sequence[str] = ("updates", "examples", "seconds"),
+    smooth: int | None = None,
+):
+    """Held-out loss (the same examples for every mode) against updates, examples seen and
+    seconds after warm-up, one panel each; below, each update's training loss (raw unless
+    ``smooth``). A run without held-out probes shows its training loss, labelled so."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(10, 3.6), dpi=100)
-    by_step, by_time = fig.subplots(1, 2)
+    fig = Figure(figsize=(4 * len(axes), 6.2), dpi=100)
+    grid = fig.subplots(2, len(axes), squeeze=False)
+    for col, x in enumerate(axes):
+        top, bottom = grid[0][col], grid[1][col]
+        for i, h in enumerate(histories):
+            color = COLORS.get(h.mode, f"C{i}")
+            if h.evals:
+                top.plot(*held_out_curve(h, x), "o-", ms=3, color=color, label=h.run)
+            else:
+                top.plot(*training_curve(h, x), color=color, label=f"{h.run} (training loss)")
+            label = f"{h.run}, moving mean of {smooth} updates" if smooth and smooth > 1 else h.run
+            bottom.plot(*training_curve(h, x, smooth), color=color, lw=0.8, label=label)
+        top.set_title(f"held-out loss against {X_AXES[x]}")
+        bottom.set_title(
+            "training loss of each update" + (" (smoothed)" if smooth and smooth > 1 else " (raw)")
+        )
+        for ax in (top, bottom):
+            ax.set_xlabel(X_AXES[x])
+            ax.set_yscale("log")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def gantt_shares(history: History, steps: int = 10) -> dict[str, dict[str, float]]:
+    """Each worker's share of the window of its last ``steps`` steps spent busy, waiting, dropped.
+
+    The numbers behind :func:`gantt_figure` (and the dashboard's strip).
+    """
+    trace = GanttTrace(per_task=max(64, 8 * steps))
+    for r in history.snapshot()[0]:
+        trace.on_step(r)
+    return trace.shares(*trace.window(steps))
+
+
+def gantt_figure(history: History, steps: int = 10, title: str | None = None, ax=None):
+    """Each worker's last ``steps`` steps: busy, waiting at sync's barrier, dropped.
+
+    The picture of "the slowest worker paces sync": its bar is busy end to
+    end while the others wait; in async nobody waits.
+    """
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    trace = GanttTrace(per_task=max(64, 8 * steps))
+    for r in history.snapshot()[0]:
+        trace.on_step(r)
+    t0, t1, rows = trace.window(steps)
+    fig = None
+    if ax is None:
+        fig = Figure(figsize=(9, 0.5 + 0.45 * max(len(rows), 1) + 0.6), dpi=100)
+        ax = fig.subplots()
+    tasks = sorted(rows)
+    for y, task in enumerate(tasks):
+        for kind in SEGMENT_KINDS:
+            bars = [(a - t1, b - a) for k, a, b in rows[task] if k == kind]
+            if bars:
+                ax.broken_barh(
+                    bars, (y - 0.35, 0.7), facecolors=SEGMENT_COLORS[kind], edgecolor="white", lw=0.6
+                )
+    ax.set_yticks(range(len(tasks)), tasks)
+    ax.set_ylim(len(tasks) - 0.5, -0.5)
+    ax.set_xlim(-(t1 - t0), 0)
+    ax.set_xlabel("seconds before the run's last step")
+    ax.legend(
+        handles=[Patch(color=SEGMENT_COLORS[k], label=SEGMENT_LABELS[k]) for k in SEGMENT_KINDS],
+        fontsize=8,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.35 if len(tasks) < 4 else -0.25),
+        ncol=4,
+        frameon=False,
+    )
+    ax.set_title(title or f"{history.run}: each worker's last {steps} steps")
+    if fig is not None:
+        fig.tight_layout()
+    return fig
+
+
+def staleness_figure(histories: History | Sequence[History]):
+    """How stale the applied gradients were (async, SSP): the share of steps per staleness and the mean."""
+    from matplotlib.figure import Figure
+
+    if isinstance(histories, History):
+        histories = [histories]
+    fig = Figure(figsize=(6, 3.2), dpi=100)
+    ax = fig.subplots()
+    top = 0
     for i, h in enumerate(histories):
-        curve = h.loss_curve()
-        if not curve:
+        counts = StalenessCounts()
+        for r in h.snapshot()[0]:
+            if r.applied and not r.warmup and not r.dropped:
+                counts.add(r.staleness)
+        frac = counts.fractions()
+        if not frac:
             continue
         color = COLORS.get(h.mode, f"C{i}")
-        window = max(1, len(curve) // 50)
-        for ax, key in ((by_step, 0), (by_time, 1)):
-            points = sorted(curve, key=lambda p, key=key: p[key])
-            ax.plot(
-                [p[key] for p in points], _smooth([p[2] for p in points], window), color=color, label=h.run
-            )
-    for ax, xlabel in ((by_step, "global step"), (by_time, "seconds")):
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel("training loss")
-        ax.set_yscale("log")
-        ax.grid(alpha=0.3)
-        ax.legend()
-    by_step.set_title("loss per update")
-    by_time.set_title("loss over wall time")
-    fig.suptitle(title)
+        top = max(top, max(frac))
+        width = 0.8 / len(histories)
+        ax.bar(
+            [k - 0.4 + width * (i + 0.5) for k in frac],
+            list(frac.values()),
+            width=width,
+            color=color,
+            alpha=0.8,
+            label=f"{h.run}: mean {counts.mean():.2f} ({len(h.workers)} workers)",
+        )
+        ax.axvline(counts.mean(), color=color, ls=":", lw=1.5)
+    ax.set_xlim(-0.6, top + 0.6)
+    ax.set_xlabel("staleness (updates by others between read and apply)")
+    ax.set_ylabel("share of applied steps")
+    ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -63,24 +201,6 @@ def png_bytes(fig) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return buf.getvalue()
-
-
-def staleness_figure(history: History):
-    """How stale each worker's gradients were (async): a histogram per worker."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(5, 3), dpi=100)
-    ax = fig.subplots()
-    by = history.by_task()
-    top = max((r.staleness for r in history.records), default=0)
-    bins = range(0, top + 2)
-    for i, (task, recs) in enumerate(sorted(by.items())):
-        ax.hist([r.staleness for r in recs], bins=bins, alpha=0.6, label=task, color=f"C{i}", align="left")
-    ax.set_xlabel("staleness (updates by others between read and apply)")
-    ax.set_ylabel("worker steps")
-    ax.legend()
-    fig.tight_layout()
-    return fig
 
 
 def save_png(fig, path) -> str:

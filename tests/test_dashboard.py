@@ -1,0 +1,91 @@
+"""The live dashboard on real paced clusters: the pictures say what the algorithms do.
+
+A paced cluster (tfmagic/pace.py) gives every worker a modelled machine, so a
+worker slowed x4 really takes four times as long per step, whatever the two
+cores of this machine do.  The Gantt strip must then show sync's straggler
+busy and the others waiting for it, and async's staleness histogram must
+centre on workers - 1 (each worker's gradient meets one update by each other
+worker while it computes).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import tfmagic
+from tfmagic.dashboard import Dashboard
+from tfmagic.dashdata import GanttTrace
+from tfmagic.training import TrainingRun
+
+from .conftest import SHARED, assert_gone, share
+
+pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("no_leaks")]
+
+
+@pytest.fixture(scope="module")
+def paced():
+    """1 ps + 3 workers, each worker a modelled machine of 40 ms per step."""
+    cluster = tfmagic.LocalCluster(ps=1, workers=3, name="paced", spares=False, pace="40ms")
+    cluster.start()
+    handle = share(cluster)
+    yield cluster
+    SHARED.remove(handle)
+    pids = [p.pid for p in cluster.procs.values()]
+    cluster.close()
+    assert_gone(pids)
+
+
+def _watched(cluster, mode: str, steps: int, **kw) -> tuple[Dashboard, object]:
+    run = TrainingRun(cluster, mode, model="digits", steps=steps, **kw)
+    dash = Dashboard(cluster, runs=[run], refresh=0.2)
+    dash.widget  # noqa: B018 - builds the widgets, as show() does
+    run.start()
+    dash.start()
+    history = run.wait()
+    dash.wait(30)
+    assert not dash.refreshing and dash.frames >= 2 and dash.last_png.startswith(b"\x89PNG")
+    return dash, history
+
+
+def test_gantt_strip_shows_the_slowed_worker_busy_and_the_others_waiting_in_sync(paced):
+    paced.slow("worker:2", 4)
+    try:
+        dash, history = _watched(paced, "sync", steps=40)
+    finally:
+        paced.slow("worker:2", 1)
+    name, t0, t1, rows = dash.gantt()
+    shares = GanttTrace.shares(t0, t1, rows)
+    assert name == "sync" and sorted(rows) == ["worker:0", "worker:1", "worker:2"], rows.keys()
+    assert t1 - t0 == pytest.approx(10 * 0.16, rel=0.35), "the last 10 updates, each paced by the x4 worker"
+    slow = shares["worker:2"]
+    assert slow["busy"] > 0.8 and slow["wait"] < 0.05, shares
+    for fast in ("worker:0", "worker:1"):
+        assert shares[fast]["busy"] < 0.4 and shares[fast]["wait"] > 0.5, shares
+    # the drawn bars are the same segments: 10 busy bars per worker at least, waits for the two fast ones
+    bars = {key[1]: artist for key, artist in dash._lines.items() if key[0] == "gantt"}
+    assert len(bars["busy"].get_paths()) >= 30 and len(bars["wait"].get_paths()) >= 18
+    assert "sync" in dash._ax["gantt"].get_title()
+    assert history.updates_per_s() < 1 / 0.16 * 1.25, "sync is paced by the slowest worker"
+
+
+def test_async_staleness_histogram_centres_on_workers_minus_one(paced):
+    dash, history = _watched(paced, "async", steps=300)
+    snap = dash.traces[0].copy()
+    assert snap["staleness"], "async steps fill the histogram"
+    assert snap["mean_staleness"] == pytest.approx(2.0, abs=0.35), snap["staleness"]
+    assert sum(snap["staleness"].values()) == pytest.approx(1.0)
+    assert max(snap["staleness"], key=snap["staleness"].get) == 2, "the most common staleness is N - 1"
+    (text,) = [a.get_text() for key, a in dash._lines.items() if key[0] == "stale-text"]
+    assert text.startswith("async: mean ") and "(workers - 1 = 2)" in text
+    name, t0, t1, rows = dash.gantt()
+    shares = GanttTrace.shares(t0, t1, rows)
+    assert all(row["wait"] == 0 for row in shares.values()), "nobody waits in async"
+    # every x axis draws; the held-out probes move along it
+    for x in ("updates", "examples", "seconds"):
+        dash.set_x(x)
+        dash.draw()
+        (probe,) = [ln for ln in dash._ax["eval"].get_lines() if ln.get_label() == "async"]
+        xs, ys = probe.get_data()
+        assert len(xs) >= 10 and ys[-1] < ys[0], (x, xs, ys)
+        if x == "examples":
+            assert max(xs) <= history.examples_seen() and max(xs) > 0.8 * 300 * 32
