@@ -144,3 +144,12 @@ def test_04_between_graph():
     engine = _number(text, r"kernel-driven sync \(tfmagic.train\)\s+held-out loss ([\d.]+)")
     assert all(v < 0.0115 for v in rows.values()), rows  # all at the noise floor (0.01)
     assert rows["all-reduce sync (MWMS, between-graph)"] == pytest.approx(engine, abs=1e-5)
+
+
+def test_06_classic_experiments():
+    text = outputs(execute("06_classic_experiments.ipynb"))
+    assert "Traceback" not in text and "UsageError" not in text
+    for name in ("stragglers", "backup-workers", "staleness", "noise", "ssp", "scaling"):
+        assert re.search(rf"^{re.escape(name)}\s+holds\s", text, re.M), f"{name}:\n{text[-3000:]}"
+    assert _number(text, r"peak memory of this notebook's experiments: ([\d.]+) GB") <= 1.8
+    assert _number(text, r"longest experiment: ([\d.]+) s") <= 150

@@ -27,7 +27,7 @@ TIME_LIMIT = 150.0
 #: ... in this much memory: the kernel (or script) and every task it started, PSS
 MEMORY_LIMIT = 2 * 1000**3
 #: the modelled machines' step time: long enough that 2 shared cores keep it with 4 workers
-PACE = 0.25
+PACE = 0.4
 #: the spread of a modelled step's time (log standard deviation): machines are not clocks
 JITTER = 0.1
 
@@ -207,7 +207,7 @@ def memory_now() -> int:
 class MemoryWatch:
     """Samples :func:`memory_now` on a thread; ``peak`` is the highest seen."""
 
-    def __init__(self, every: float = 0.5) -> None:
+    def __init__(self, every: float = 1.0) -> None:
         self.every = every
         self.peak = 0
         self._stop = threading.Event()
@@ -301,7 +301,9 @@ class Lab:
 
         per = self.task_bytes or 200 * 1000**2
         base = self.base_bytes or memory_now()
-        need = base + tasks * per * 1.1  # tasks grow a little while they train
+        need = (
+            base + tasks * per * 1.25
+        )  # tasks grow while they train (measured: 1.64 GB foreseen, 1.70 used)
         allowed = min(self.memory_limit, base + memory_available())
         words = (
             f"{tasks} tasks x {per / 1e9:.2f} GB + {base / 1e9:.2f} GB for this process "

@@ -1,6 +1,6 @@
 """Stale synchronous parallel: a small staleness bound keeps most of async's speed, and bounds the staleness.
 
-Four paced workers whose steps vary a lot (jitter 0.5: machines with busy
+Four paced workers whose steps vary a lot (jitter 0.4: machines with busy
 neighbours).  Sync waits for the slowest of four at every update; async
 never waits, and its gradients can land arbitrarily late; SSP with bound
 ``S`` lets a worker run at most ``S`` steps ahead of the slowest.  Measured
@@ -22,8 +22,8 @@ CLAIM = Claim(
 
 WORKERS = 4
 BOUND = 2
-JITTER = 0.5
-STEPS = 160  # worker steps of each mode (sync: STEPS / WORKERS updates)
+JITTER = 0.4
+STEPS = 120  # worker steps of each mode (sync: STEPS / WORKERS updates)
 
 
 def examples_rate(history) -> float:

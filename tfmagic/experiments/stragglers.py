@@ -23,12 +23,12 @@ SLOW = "worker:2"
 
 def measure(lab: Lab) -> Finding:
     with lab.cluster(workers=WORKERS) as cluster:
-        sync = lab.train(cluster, "sync", 30, label="sync, nobody slowed")
-        fast = lab.train(cluster, "async", 90, label="async, nobody slowed")
+        sync = lab.train(cluster, "sync", 20, label="sync, nobody slowed")
+        fast = lab.train(cluster, "async", 60, label="async, nobody slowed")
         lab.progress(f"slowing {SLOW} x{K} (its modelled machine)")
         cluster.slow(SLOW, K)
-        sync_slow = lab.train(cluster, "sync", 20, label=f"sync, {SLOW} x{K}")
-        slow = lab.train(cluster, "async", 90, label=f"async, {SLOW} x{K}")
+        sync_slow = lab.train(cluster, "sync", 12, label=f"sync, {SLOW} x{K}")
+        slow = lab.train(cluster, "async", 60, label=f"async, {SLOW} x{K}")
     step, step_slow = sync.median_step_time(), sync_slow.median_step_time()
     before, after = worker_rates(fast), worker_rates(slow)
     others = {t: after[t] / before[t] for t in before if t != SLOW}
