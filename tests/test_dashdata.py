@@ -275,3 +275,17 @@ def test_comparison_table_says_examples_consumed_and_warm_up():
     head, row = table.splitlines()
     assert "examples" in head and "warm-up s" in head
     assert row.split()[:4] == ["sync", "50", "4800", f"{sync.warmup_s:.1f}"]
+
+
+def test_the_widget_selector_replots_the_loss_against_another_axis():
+    from tfmagic.dashboard import Dashboard
+
+    h = _sync_history(workers=3, updates=30)
+    dash = Dashboard(None, runs=[h])
+    dash.widget  # noqa: B018 - builds the widgets, as show() does
+    frames = dash.frames
+    dash._selector.value = "examples"
+    assert dash.x == "examples" and dash.frames == frames + 1, "a finished dashboard redraws at once"
+    (line,) = [ln for ln in dash._ax["loss"].get_lines() if ln.get_label() == "sync"]
+    assert max(line.get_data()[0]) == 30 * 96
+    assert dash._image.value == dash.last_png

@@ -365,7 +365,7 @@ class Dashboard:
         # few, large steps: measured, a 3,000-step run redrew 8 times when they doubled.
         lim["tp_x"] = grow(lim.get("tp_x", 30.0), max(xs_tp))
         lim["tp_x0"] = min([0.0] + [a - self._offset() for a, _ in self._warmups()])
-        lim["tp_y"] = grow(lim.get("tp_y", 50.0), max(ys_tp), 2.0)
+        lim["tp_y"] = grow(lim.get("tp_y", 5.0), max(ys_tp), 2.0)
         if self.x == "seconds":
             lim["loss_x"] = grow(lim.get("loss_x", 30.0), max(xs_loss))
         else:
