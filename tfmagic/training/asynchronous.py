@@ -95,6 +95,10 @@ class AsyncLoop:
                 w.started = False
                 continue
             if self.bound is not None and not self.within_bound(w):
+                if self.pace is not None and w.started:
+                    # ssp: this worker's step has ended; its gradient lands now, not after the wait
+                    self.finish_paced(w, pending, held)
+                    w.started = False
                 continue
             fn = w.fn if (self.pace is None or w.started) else w.fn_first
             t0 = time.time()

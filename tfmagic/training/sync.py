@@ -194,9 +194,10 @@ class SyncLoop:
         a0, ps0, ps1 = applied
         now = time.time()
         apply_s = None if ps0 is None else ps1 - ps0
-        if apply_s is not None:  # the apply and the next announcement: what a paced step leaves for them
-            self.overhead = 0.8 * self.overhead + 0.2 * (now - a0)
         warm = t == self.first
+        if apply_s is not None and not warm:  # the apply and the next announcement: what a paced step
+            # leaves for them (not learnt from the first update, which traces: seconds, not milliseconds)
+            self.overhead = 0.8 * self.overhead + 0.2 * (now - a0)
         for r in collected:
             d0, d_read, d_grad, d_pushed = r.device
             self.history.add_step(
