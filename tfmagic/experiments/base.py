@@ -338,6 +338,19 @@ def conclude(
     memory_limit: int = MEMORY_LIMIT,
 ) -> Result:
     """Run ``measure`` in a fresh :class:`Lab` and judge it: checks, time, memory, pace."""
+    import logging
+
+    # each run traces its step functions anew; TensorFlow's "retracing" warnings say so, not the claim
+    tf_log = logging.getLogger("tensorflow")
+    level = tf_log.level
+    tf_log.setLevel(logging.ERROR)
+    try:
+        return _conclude(name, claim, seed, measure, progress, memory_limit)
+    finally:
+        tf_log.setLevel(level)
+
+
+def _conclude(name, claim, seed, measure, progress, memory_limit) -> Result:
     with MemoryWatch() as watch:
         lab = Lab(seed, progress, watch, memory_limit)
         finding: Finding | None = None
