@@ -16,8 +16,9 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
+from . import waits
 from .errors import ClientBusy
 from .spec import ClusterDef, TaskName
 
@@ -45,15 +46,19 @@ class _Gate:
         self._exclusive = False
 
     @contextlib.contextmanager
-    def call(self, who: str = "a remote call") -> Iterator[None]:
+    def call(self, who: str = "a remote call", on: Iterable[str] = (), detail: str = "") -> Iterator[None]:
+        """Make remote calls inside (``on``: the tasks they wait on, for the hang doctor)."""
         token = object()
         with self._cond:
             while self._exclusive:
                 self._cond.wait()
             self._calls[token] = (who, time.monotonic())
+        wait = waits.begin(who, on, detail) if on else None
         try:
             yield
         finally:
+            if wait is not None:
+                waits.end(wait)
             with self._cond:
                 self._calls.pop(token, None)
                 self._cond.notify_all()

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from . import client, owner
+from . import client, doctor, owner, placement, traffic, waits
 from .errors import BadClusterShape, ClusterStartError, NeedsForce, NoCluster, TaskLost
 from .events import Event, Topic
 from .launchers.base import Launcher, TaskHandle, TaskState
@@ -194,6 +194,9 @@ class Cluster:
         self.slowness: dict[TaskName, float] = {}
         #: what happened to the cluster: iterate for the past, subscribe for what comes
         self.events: Topic[Event] = Topic(f"cluster {self.name}", keep=10_000)
+        self._meter: traffic.TrafficMeter | None = None
+        #: the name of the cluster that replaced this one (the hang doctor says so to a stale handle)
+        self.replaced_by: str | None = None
 
     # -- configuration ---------------------------------------------------
     @staticmethod
@@ -290,6 +293,7 @@ class Cluster:
         procs: dict[TaskName, TaskHandle] = {}
         wake = threading.Event()
         subscriptions = []
+        wait_note = None  # the hang doctor's note of this start
         try:
             fresh = []
             for task in tasks:
@@ -314,7 +318,11 @@ class Cluster:
             self.launcher.prepare(cluster, procs)
             assigned: set[TaskName] = set()
             up: set[TaskName] = set()
+            wait_note = waits.begin(
+                f"the start of cluster {self.name}", tasks, "its servers to come up", self.id
+            )
             while len(up) < len(tasks):
+                waits.update(wait_note, [t for t in tasks if t not in up])
                 wake.clear()
                 for task, proc in procs.items():
                     if task not in assigned and proc.state is TaskState.SPARE:
@@ -362,6 +370,8 @@ class Cluster:
         finally:
             for sub in subscriptions:
                 sub.close()
+            if wait_note is not None:
+                waits.end(wait_note)
         self.procs = procs
         self.cluster_def = defn
         self.slowness = {}
@@ -461,6 +471,9 @@ class Cluster:
             self.emit("stopping", None, reason)
             procs, self.procs = self.procs, {}
             self.cluster_def = None
+            if self._meter is not None:
+                self._meter.stop()
+                self._meter = None
             self.stopped_at = time.time()
             client.forget(self.id)
             self._killed_on_purpose.update(p.pid for p in procs.values() if p.pid is not None)
@@ -544,7 +557,10 @@ class Cluster:
                 f"{t} does not answer ({self.condition(t)}); ops cannot be placed on it now. "
                 f"cluster.why() says why; cluster.restart('{t}', force=True) replaces it"
             )
-        with client.on_task(t) as name:
+        import tensorflow as tf
+
+        made_by = placement.creator(self.id, f"cell on {t}", proc.task_pid if proc is not None else None)
+        with client.on_task(t) as name, tf.variable_creator_scope(made_by):
             yield name
 
     # -- stragglers and failures, on purpose --------------------------------
@@ -681,6 +697,101 @@ class Cluster:
         return Restarted(seconds=time.monotonic() - t0, warm=int(warm), cold=int(not warm), attempts=attempt)
 
     # -- inspection ------------------------------------------------------
+    def why(self, stacks: bool = False) -> doctor.Diagnosis:
+        """Who waits on whom, since when, and why, in words with the next step (the hang doctor).
+
+        Rows have ``waiter``, ``waiting_for``, ``since`` (seconds) and
+        ``cause``; ``str()`` says it in sentences.  ``stacks=True`` adds the
+        Python stacks of every task's threads.  See :mod:`tfmagic.doctor`.
+        """
+        return doctor.why(self, stacks=stacks)
+
+    def traffic(self) -> traffic.Traffic:
+        """Bytes sent over every link (kernel and tasks) since the cluster started, and the rate now.
+
+        Measured from the operating system's TCP counters of the processes
+        (``ss``), not estimated from tensor sizes; see :mod:`tfmagic.traffic`.
+        """
+        self._need_running()
+        meter = self.traffic_meter()
+        meter.sample()
+        return traffic.Traffic(
+            [
+                dict(src=link.src, dst=link.dst, bytes=link.bytes, bytes_per_s=link.rate)
+                for link in meter.links()
+            ]
+        )
+
+    def traffic_meter(self) -> traffic.TrafficMeter:
+        """The meter that samples this cluster's sockets once a second (started on first use)."""
+        with self._lock:
+            if self._meter is None or self._meter.cluster is not self:
+                self._meter = traffic.TrafficMeter(self)
+            return self._meter.start()
+
+    def placement(self, run=None) -> placement.Placement:
+        """Every variable the cluster holds (name, task, shape, dtype, bytes), grouped per task.
+
+        What this process created on it (cells under :meth:`device`, training
+        runs) and what ``%%tf_px`` cells created inside the tasks.  With
+        ``run``, also how many steps each task ran for it.
+        """
+        self._need_running()
+        rows = placement.rows_for(self)
+        for task, proc in self.procs.items():
+            if not getattr(proc, "api_complete", False):
+                continue  # no cell ran there: it holds only what this process put there
+            try:
+                reply = proc.request("variables", timeout=5)
+            except Exception:  # noqa: BLE001 - a task that cannot answer now is left out, and said so
+                continue
+            for v in reply.get("variables") or []:
+                rows.append(
+                    placement.VariableRow(
+                        v["name"],
+                        TaskName.parse(v.get("task") or task),
+                        tuple(v["shape"]),
+                        v["dtype"],
+                        int(v["bytes"]),
+                        f"%%tf_px cell in {task}",
+                    )
+                )
+        out = placement.Placement(
+            self.name,
+            rows,
+            assignment=(
+                "tfmagic's training engine puts a model's variables on the ps tasks round-robin in the order "
+                "the model makes them (w0 on ps:0, w1 on ps:1, ...), optimizer slots beside their variable; "
+                "cells put them where %%tf_device (or tf.device) says"
+            ),
+        )
+        if run is not None:
+            history = getattr(run, "history", run)  # a TrainingRun or the History train() returned
+            out.ran_steps = {t: len(recs) for t, recs in history.by_task().items()}
+            held = {(r.name, str(r.task)) for r in rows}
+            for name, task, shape, dtype, size in getattr(history, "layout", []):
+                if (name, task) not in held and TaskName.parse(task) in self.procs:
+                    # the run ended and its variables were freed with it: shown where they were
+                    rows.append(
+                        placement.VariableRow(
+                            name, TaskName.parse(task), shape, dtype, size, f"{history.run} (ended, freed)"
+                        )
+                    )
+        shares = out.shares()
+        if len(self.tasks("ps")) == 1 and shares:
+            out.notes.append(
+                "ps:0 holds every variable: all workers read and write there; --ps 2 (ps=2) spreads them"
+            )
+        elif shares:
+            top, share = max(shares.items(), key=lambda kv: kv[1])
+            if share >= 0.6:
+                big = max((r for r in rows if r.task == top), key=lambda r: r.bytes)
+                out.notes.append(
+                    f"{top} holds {share:.0%} of the ps bytes (largest: {big.name}); its link is the bottleneck. "
+                    f"Try more ps tasks, or split {big.name}"
+                )
+        return out
+
     def logs(self, task: str | TaskName, tail: int | None = 50) -> str:
         """The last ``tail`` lines of a task's log (everything for ``None``)."""
         t = self.check_task(task)

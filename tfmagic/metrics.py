@@ -121,6 +121,8 @@ class History:
         self.config: dict = {}
         #: what the reader must know to trust the figures (a pace the machine could not keep, ...)
         self.notes: list[str] = []
+        #: where the run put its variables: (name, task, shape, dtype, bytes), for the placement map
+        self.layout: list[tuple[str, str, tuple, str, int]] = []
         self._lock = threading.Lock()
         #: every StepRecord, GlobalStep and Event as it is added
         self.feed: Topic[StepRecord | GlobalStep | Event] = Topic(f"history {self.run}")

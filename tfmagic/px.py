@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from . import events
+from . import events, waits
 from .errors import PxError
 from .metrics import GlobalStep, History, StepRecord
 from .spec import TaskName
@@ -98,6 +98,7 @@ class PxRun:
         self._cond = threading.Condition()
         self._procs = {}
         self._subscriptions = {}
+        self._waits: dict[str, int] = {}
         #: {task: value of the cell's last expression}, filled in as each task finishes
         self.live_results: dict[str, object] = {}
         self._last_report: dict[str, float] = {}
@@ -118,6 +119,9 @@ class PxRun:
                 continue
             self._procs[str(task)] = proc
             self._subscriptions[str(task)] = proc.messages.subscribe(self._listener(str(task), proc))
+            self._waits[str(task)] = waits.begin(
+                f"a %%tf_px cell ({self.name})", [task], "the cell", self.cluster.id
+            )
             if not proc.api_complete:
                 self.importing.append(str(task))
                 proc.api_complete = True  # the task completes it before it runs this cell
@@ -205,6 +209,9 @@ class PxRun:
             outcome.status, outcome.ended = status, time.time()
             outcome.ename, outcome.evalue, outcome.traceback = ename, evalue, tb or []
             self.live_results[task] = outcome.result
+            wait = self._waits.pop(task, None)
+            if wait is not None:
+                waits.end(wait)
             sub = self._subscriptions.pop(task, None)
             if sub is not None:
                 sub.close()

@@ -97,6 +97,7 @@ class Session:
             cluster = build(request)  # raises before anything is stopped
             old = running.describe() if running is not None else ""
             if running is not None:
+                running.replaced_by = cluster.name
                 running.stop("the cluster was replaced")
             try:
                 outcome = cluster.start(progress=progress)

@@ -82,6 +82,7 @@ class TaskRuntime:
             "assign": self.assign,
             "env": self.report_env,
             "exec": self.exec_cell,
+            "variables": self.report_variables,
             "ping": lambda msg: self.send("pong", id=msg.get("id")),
             "stop": lambda msg: self.die("stop requested by the owner", code=0),
         }
@@ -96,6 +97,8 @@ class TaskRuntime:
         self.slow_factor = 1.0
         self.namespace: dict[str, Any] | None = None
         self.current_exec: str | None = None
+        self.cancelled: set[str] = set()  # cells interrupted before they started
+        self._exec_lock = threading.Lock()
         self.cluster: dict | None = None
 
     @property
@@ -248,6 +251,13 @@ class TaskRuntime:
         except Exception as exc:  # noqa: BLE001 - the owner must not wait for an answer that never comes
             self.send("listening", id=msg.get("id"), pid=os.getpid(), addresses=None, error=repr(exc))
 
+    def urgent_sockets(self, msg: dict[str, Any]) -> None:
+        """This process's TCP connections and the bytes each moved (for the traffic map on other hosts)."""
+        from .traffic import own_sockets
+
+        found = [[x.pid, list(x.local), list(x.peer), x.sent, x.received] for x in own_sockets({os.getpid()})]
+        self.send("sockets", id=msg.get("id"), sockets=found)
+
     def urgent_stacks(self, msg: dict[str, Any]) -> None:
         """Every thread's Python stack, as text (why is this task hanging?)."""
         self.send(
@@ -257,7 +267,51 @@ class TaskRuntime:
             task=self.label,
             exec_id=self.current_exec,
             threads=thread_stacks(),
+            hints=self._cell_hints() if msg.get("hints") else [],
         )
+
+    def _cell_hints(self) -> list[str]:
+        """What the running cell's own objects say about a hang, in words (for the hang doctor).
+
+        Two classic TF1 hangs cannot be seen from outside: a cluster spec of
+        the cell's own that names an address nothing listens on (the session
+        waits for it for ever), and a ``SyncReplicasOptimizer`` that waits for
+        more gradients per step than workers run the program.  Both are read
+        from the cell's namespace, never by running anything of the cell.
+        """
+        hints: list[str] = []
+        ns = self.namespace or {}
+        tf = self.core.module if self.core is not None and self.core.complete_api else None
+        if tf is None:
+            return hints
+        import socket
+
+        mine = {a for addrs in (self.cluster or {}).values() for a in addrs}
+        specs = [v for v in list(ns.values()) if isinstance(v, tf.train.ClusterSpec)]
+        for spec in specs:
+            for job, addrs in spec.as_dict().items():
+                items = addrs.items() if isinstance(addrs, dict) else enumerate(addrs)
+                for index, addr in items:
+                    if addr in mine:
+                        continue
+                    host, _, port = str(addr).rpartition(":")
+                    try:
+                        socket.create_connection((host or "127.0.0.1", int(port)), timeout=0.3).close()
+                    except (OSError, ValueError):
+                        ours = (self.cluster or {}).get(job, [])
+                        real = ours[int(index)] if int(index) < len(ours) else "not in this cluster"
+                        hints.append(
+                            f"the cell's cluster spec names {job}:{index} at {addr}, where nothing listens "
+                            f"(the cluster's {job}:{index}: {real})"
+                        )
+        sync = getattr(tf.compat.v1.train, "SyncReplicasOptimizer", None)
+        for v in list(ns.values()):
+            if sync is not None and isinstance(v, sync):
+                hints.append(
+                    f"SyncReplicasOptimizer aggregates {v._replicas_to_aggregate} gradients per step "
+                    f"(total_num_replicas={v._total_num_replicas}): a step waits until that many have arrived"
+                )
+        return hints
 
     def urgent_crash(self, msg: dict[str, Any]) -> None:
         """End now, as a crash would (``cluster.kill`` of a task this owner cannot signal)."""
@@ -265,10 +319,15 @@ class TaskRuntime:
 
     def urgent_interrupt(self, msg: dict[str, Any]) -> None:
         """Raise KeyboardInterrupt in the running cell (if it is still that cell)."""
-        if self.current_exec is not None and msg.get("exec_id") in (None, self.current_exec):
-            # At the main thread: raised here, on the reader thread, the signal
-            # would wait for the cell's blocking call (time.sleep, a join) to return.
-            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        with self._exec_lock:
+            if self.current_exec is not None and msg.get("exec_id") in (None, self.current_exec):
+                # At the main thread: raised here, on the reader thread, the signal
+                # would wait for the cell's blocking call (time.sleep, a join) to return.
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            elif msg.get("exec_id"):
+                # Not started yet (the task is still importing what the cell needs):
+                # it must not start at all, or the interrupt would be lost.
+                self.cancelled.add(msg["exec_id"])
 
     # -- ops -------------------------------------------------------------
     def assign(self, msg: dict[str, Any]) -> None:
@@ -324,6 +383,46 @@ class TaskRuntime:
         print(f"tfmagic: {job}:{index} serving {self.server.target} (port {port})", flush=True)
         self.send(protocol.READY, job=job, index=index, target=self.server.target, port=port)
 
+    def report_variables(self, msg: dict[str, Any]) -> None:
+        """The variables ``%%tf_px`` cells left in this task's namespace (and in graphs found there).
+
+        For the placement map: TensorFlow cannot list what a task holds, but
+        the cells' own names can be looked through.
+        """
+        found = []
+        if self.namespace is not None and self.core is not None and self.core.complete_api:
+            tf = self.tf
+            seen = set()
+            graphs = [v for v in self.namespace.values() if isinstance(v, tf.Graph)]
+            candidates = [v for v in self.namespace.values() if isinstance(v, tf.Variable)]
+            for g in graphs:
+                candidates.extend(g.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES))
+            for v in candidates:
+                if id(v) in seen:
+                    continue
+                seen.add(id(v))
+                try:
+                    shape = [int(d) if d is not None else 0 for d in v.shape.as_list()]
+                    size = int(v.dtype.size) * int(v.shape.num_elements() or 0)
+                    device = v.device or ""
+                except Exception:  # noqa: BLE001 - a variable we cannot read is left out
+                    continue
+                task = None  # this task's own (an eager variable here says /job:localhost)
+                if "/job:" in device and "/job:localhost" not in device:
+                    job = device.split("/job:")[1].split("/")[0]
+                    index = device.split("/task:")[1].split("/")[0] if "/task:" in device else "0"
+                    task = f"{job}:{index}"
+                found.append(
+                    {
+                        "name": v.name.split(":")[0],
+                        "shape": shape,
+                        "dtype": v.dtype.name,
+                        "bytes": size,
+                        "task": task,
+                    }
+                )
+        self.send("variables", id=msg.get("id"), variables=found)
+
     # -- between-graph cells (%%tf_px) -------------------------------------
     def _namespace(self) -> dict[str, Any]:
         """What a cell finds ready, as the seeds' programs had after their start-up code."""
@@ -366,12 +465,26 @@ class TaskRuntime:
         code = msg["code"]
         filename = msg.get("filename") or f"<tf_px {self.task}>"
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
-        ns = self._namespace()
+        ns = self._namespace()  # the first cell's import of TensorFlow's API takes seconds
+        with self._exec_lock:
+            cancelled = rid in self.cancelled
+            self.cancelled.discard(rid)
+            if not cancelled:
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+                self.current_exec = rid
+        if cancelled:
+            self.send(
+                "exec_done",
+                id=rid,
+                status="error",
+                ename="KeyboardInterrupt",
+                evalue="interrupted before it started",
+                traceback=[],
+            )
+            return
         out, err = _StreamToOwner(self, rid, "stdout"), _StreamToOwner(self, rid, "stderr")
         saved = sys.stdout, sys.stderr
         sys.stdout, sys.stderr = out, err
-        self.current_exec = rid
-        signal.signal(signal.SIGINT, signal.default_int_handler)
         reply: dict[str, Any] = {"status": "ok"}
         try:
             tree = ast.parse(code, filename=filename)

@@ -11,7 +11,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from .. import client, session
+from .. import client, doctor, session
 from ..errors import ShownAbove, TfmagicError
 from ..spec import TaskName
 from . import render
@@ -174,6 +174,9 @@ class CellMagics(Magics):
                     file=sys.stderr,
                     end="",
                 )
+                said = doctor.translate("".join(payload.traceback))
+                if said:
+                    print(f"[{task}] in words: {said}", file=sys.stderr)
             elif kind == "died":
                 detail = payload.evalue if hasattr(payload, "evalue") else payload
                 print(f"[{task}] {detail}; see %tf_cluster logs {task}", file=sys.stderr)
@@ -216,7 +219,7 @@ class CellMagics(Magics):
 
         def body() -> None:
             try:
-                with cluster.device(task), client.gate.call(who):
+                with cluster.device(task), client.gate.call(who, [task], "its ops"):
                     box["result"] = self.shell.run_cell(cell, store_history=False)
             except BaseException as exc:  # noqa: BLE001 - reported on the main thread
                 box["error"] = exc

@@ -250,6 +250,33 @@ class ClusterMagics(Magics):
             return
         display(cluster.status())
 
+    @verb("where every variable lives: per task, with each ps's share of the bytes (a picture in a notebook)")
+    def cmd_map(self, args):
+        cluster = _need_cluster("map")
+        run = session.default().last_run
+        runs = getattr(run, "runs", None) or [run]
+        mine = [
+            r
+            for r in runs
+            if r is not None and getattr(r, "cluster", None) is cluster and hasattr(r, "history")
+        ]
+        display(cluster.placement(run=mine[-1] if mine else None))
+
+    @verb("who waits on whom, since when and why (dead, stopped, slowed, not answering), with the next step")
+    @arg("--stacks", action="store_true", help="also the Python stacks of every task's threads")
+    def cmd_why(self, args):
+        cluster = session.default().cluster
+        if cluster is None:
+            raise UsageError(
+                "no cluster has been started, so nothing waits on one; start one with %tf_cluster start"
+            )
+        display(cluster.why(stacks=args.stacks))
+
+    @verb("bytes moved over every link (kernel and tasks) since the cluster started, measured by the OS")
+    def cmd_traffic(self, args):
+        cluster = _need_cluster("measure")
+        print(cluster.traffic())
+
     @verb("what a task wrote (TensorFlow's own lines included); 'kernel' for the kernel's native log")
     @arg("task", nargs="?", default=None, help="worker:1, ps:0, or kernel")
     @arg("--tail", type=count, default=50, help="how many lines (0 for all)")

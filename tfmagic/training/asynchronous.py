@@ -103,7 +103,7 @@ class AsyncLoop:
             fn = w.fn if (self.pace is None or w.started) else w.fn_first
             t0 = time.time()
             try:
-                with client.gate.call(self.training.who), tf.device(w.task.device):
+                with client.gate.call(self.training.who, [w.task], "an async step"), tf.device(w.task.device):
                     out = fn()
                     if fetch:
                         out.numpy()
@@ -186,7 +186,7 @@ class AsyncLoop:
         alive = proc is not None and proc.alive
         for _attempt in range(5 if final and alive else 1 if alive else 0):
             try:
-                with client.gate.call(self.training.who):
+                with client.gate.call(self.training.who, [w.task], "its step records"):
                     rows = w.ring.numpy()
                 break
             except Exception as exc:  # noqa: BLE001 - see the docstring

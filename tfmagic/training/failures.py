@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import time
 
-from .. import client
+from .. import client, doctor
 from ..errors import TrainingError
 from ..events import Event
 from ..metrics import History
@@ -75,8 +75,10 @@ class FailurePolicy:
             return TrainingError(
                 f"training stopped: {', '.join(lost)} is gone ({type(exc).__name__}); restart it and resume()"
             )
+        said = doctor.translate(str(exc))
         return TrainingError(
             f"training stopped: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            + (f" ({said})" if said else "")
         )
 
     # -- what a step says ---------------------------------------------------------
@@ -128,7 +130,7 @@ class FailurePolicy:
         self.history.add_event(
             "retry",
             w.task,
-            f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}",
+            f"{type(exc).__name__}: {doctor.translate(str(exc)) or str(exc).splitlines()[0][:200]}",
             step=self.run.step_now(),
         )
         if "context_id" in str(exc) or "invalid device" in str(exc):

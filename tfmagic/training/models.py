@@ -45,6 +45,10 @@ class Model:
     def initial_weights(self, seed: int) -> list[np.ndarray]:  # pragma: no cover - interface
         raise NotImplementedError
 
+    def weight_names(self) -> list[str]:
+        """Names of the weights, in order (the placement map shows them)."""
+        return [f"w{i}" for i in range(len(self.initial_weights(0)))]
+
     def loss(self, weights, x, y, training: bool = False, state=None):  # pragma: no cover - interface
         """Scalar mean loss; ``weights`` are tf.Variables (or tensors) in order.
 
@@ -100,6 +104,9 @@ class Linear(Model):
     def initial_weights(self, seed: int) -> list[np.ndarray]:
         return [np.zeros((1, 1), np.float32), np.zeros((1,), np.float32)]
 
+    def weight_names(self) -> list[str]:
+        return ["w", "b"]
+
     def predict(self, weights, x, training: bool = False, state=None):
         import tensorflow as tf
 
@@ -143,6 +150,9 @@ class Digits(Model):
             glorot(self.hidden, 10),
             np.zeros(10, np.float32),
         ]
+
+    def weight_names(self) -> list[str]:
+        return ["hidden/kernel", "hidden/bias", "output/kernel", "output/bias"]
 
     def predict(self, weights, x, training: bool = False, state=None):
         import tensorflow as tf
@@ -246,6 +256,9 @@ class KerasModel(Model):
 
     def initial_weights(self, seed: int) -> list[np.ndarray]:
         return [np.asarray(v.numpy()) for v in self.keras_model.trainable_variables]
+
+    def weight_names(self) -> list[str]:
+        return [getattr(v, "path", None) or v.name for v in self.keras_model.trainable_variables]
 
     def _loss_fn(self):
         import keras

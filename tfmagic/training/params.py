@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import client
+from .. import client, placement
 from ..spec import TaskName
 from .optimizers import Optimizer
 
@@ -28,6 +28,8 @@ class ParameterStore:
         self.global_step = None
         #: sync: where each worker leaves its gradient, beside each variable on the ps
         self.buffers: list[list] = []
+        #: the model's names for its weights (``dense/kernel``), for the placement map
+        self.names: list[str] = []
 
     @property
     def ps_tasks(self) -> list[TaskName]:
@@ -39,11 +41,16 @@ class ParameterStore:
         import tensorflow as tf
 
         ps = self.ps_tasks
-        with client.gate.call(self.who):
+        made_by = placement.creator(
+            self.cluster.id, f"training {self.who.split(' (')[0].removeprefix('training run ')}"
+        )
+        with client.gate.call(self.who), tf.variable_creator_scope(made_by):
             self.variables = []
             for i, value in enumerate(weights):
                 with tf.device(ps[i % len(ps)].device):
-                    self.variables.append(tf.Variable(value, name=f"w{i}"))
+                    self.variables.append(
+                        tf.Variable(value, name=self.names[i] if i < len(self.names) else f"w{i}")
+                    )
             with tf.device(ps[0].device):
                 self.global_step = tf.Variable(step, dtype=tf.int64, name="global_step")
             self.optimizer.create_slots(self.variables)
@@ -60,7 +67,8 @@ class ParameterStore:
         """
         import tensorflow as tf
 
-        with client.gate.call(self.who):
+        made_by = placement.creator(self.cluster.id, "sync gradient buffers")
+        with client.gate.call(self.who), tf.variable_creator_scope(made_by):
             self.buffers = []
             for i in range(workers):
                 row = []
@@ -87,7 +95,7 @@ class ParameterStore:
         if not self.ps_alive():
             raise RuntimeError("a ps task is not running")
         tensors = [*self.variables, *self.optimizer.slots, self.global_step]
-        with client.gate.call(self.who):
+        with client.gate.call(self.who, self.ps_tasks, "a checkpoint read"):
             # One at a time, on purpose: asking for every copy first is one round trip instead
             # of ten, but when the ps dies mid-read the copies still queued wait for it forever
             # (measured: the run then never reported the lost ps).  One by one, the read that

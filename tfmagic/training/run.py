@@ -83,6 +83,7 @@ class TrainingRun:
         }
         self.control = Control()
         self.params = ParameterStore(cluster, Optimizer(c.optimizer, c.lr), self.who)
+        self.params.names = self.model.weight_names()
         self.checkpoints = Checkpoints(c.checkpoint_dir, self.name, c.checkpoint_every)
         self.policy = FailurePolicy(self, self.control, self.history, self.params)
         self.error: TrainingError | None = None
@@ -364,6 +365,16 @@ class TrainingRun:
                 )
         init = self.initial_weights or self.model.initial_weights(self.config.seed)
         self.params.place(init, self._start_step, self._slots)
+        self.history.layout = [
+            (
+                v.name.split(":")[0],
+                str(TaskName.parse(v.device)),
+                tuple(v.shape.as_list()),
+                v.dtype.name,
+                int(v.dtype.size) * int(v.shape.num_elements() or 0),
+            )
+            for v in [*self.params.variables, self.params.global_step]
+        ]
         if self.kind == "sync":
             self.params.make_buffers(self.workers_n)
         self.policy.workers = {}

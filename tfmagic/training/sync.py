@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import client
+from .. import client, waits
 from ..errors import TrainingError
 from ..metrics import GlobalStep, StepRecord
 from .params import clear_executor
@@ -106,7 +106,7 @@ class SyncLoop:
             step, announced = self.current, self.started
             t0 = time.time()
             try:
-                with client.gate.call(self.training.who), tf.device(w.task.device):
+                with client.gate.call(self.training.who, [w.task], f"step {step}"), tf.device(w.task.device):
                     loss, read, *device = w.fn().numpy()
             except Exception as exc:  # noqa: BLE001 - sorted out by the failure policy
                 self.policy.handle_error(w, exc)
@@ -128,13 +128,23 @@ class SyncLoop:
     def collect(self, t: int) -> tuple[list[Gradient], tuple] | None:
         """The first ``replicas`` gradients for step ``t``, averaged and applied (and the apply's
         timestamps); None if stopped."""
-        import tensorflow as tf
 
         collected: list[Gradient] = []
+        with waits.waiting(
+            f"sync step {t} of training run {self.training.name}", [], "", self.training.cluster.id
+        ) as wait:
+            return self._collect(t, collected, wait)
+
+    def _collect(self, t: int, collected: list[Gradient], wait: int):
+        import tensorflow as tf
+
         while True:
             while len(collected) < self.replicas:
                 if self.control.stopping:
                     return None
+                have = {r.worker.task for r in collected}
+                missing = [w.task for w in self.policy.workers.values() if w.task not in have and not w.lost]
+                waits.update(wait, missing, f"{len(collected)} of {self.replicas} gradients so far")
                 self.policy.check_enough_workers(t, self.replicas)
                 try:
                     res = self.results.get(timeout=0.1)
@@ -151,7 +161,11 @@ class SyncLoop:
                 chosen[r.worker.index] = 1.0
             try:
                 a0 = time.time()
-                with client.gate.call(self.training.who), tf.device(self.params.ps_tasks[0].device):
+                on = self.params.ps_tasks
+                with (
+                    client.gate.call(self.training.who, on, f"the update of step {t}"),
+                    tf.device(on[0].device),
+                ):
                     _, ps0, ps1 = self.apply(tf.constant(chosen)).numpy()
                 return collected, (a0, ps0, ps1)
             except Exception:
@@ -287,7 +301,8 @@ class FusedSyncLoop:
                 per_call, self.update = 1, self.single()
             c0 = time.time()
             try:
-                with client.gate.call(self.training.who), tf.device(self.params.ps_tasks[0].device):
+                on = [*self.params.ps_tasks, *(w.task for w in self.workers)]
+                with client.gate.call(self.training.who, on, f"sync update {t}"), tf.device(on[0].device):
                     handle = self.update()  # goes out at once; this process records the last one meanwhile
                     if done is not None:
                         self.record(*done)

@@ -1,0 +1,424 @@
+"""See inside the cluster: the placement map, measured traffic, and the hang doctor.
+
+Real task processes throughout.  The doctor's scripted hangs are each made
+on purpose (a worker stopped with SIGSTOP under sync training, a ps killed
+under async, a worker killed under a placed cell, a ``%%tf_px`` cell blocked
+in one task, a TF1 program whose chief never starts, a replaced cluster's
+old object, a x8 straggler) and must be diagnosed correctly within 2 s of
+being asked, and within 2 s of passing the doctor's 2 s threshold.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+import tfmagic
+from tfmagic import doctor, traffic
+from tfmagic.px import run_px
+from tfmagic.training.models import Digits
+
+from .conftest import poll_for
+
+pytestmark = pytest.mark.cluster
+
+#: the doctor answers within this, and a hang shows within threshold + this
+ANSWER_S = 2.0
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = tfmagic.LocalCluster(ps=2, workers=2, name="inside")
+    c.start()
+    run_px(c, "1", "worker:*").wait(120)  # the first cell's import of TF's API is not a hang
+    yield c
+    c.stop()
+
+
+def _ensure_running(c) -> None:
+    """Every task up, and each worker past its first cell's import of TF's API (not a hang)."""
+    for task, proc in list(c.procs.items()):
+        if not proc.alive:
+            c.restart(task, force=True)
+    run_px(c, "1", "worker:*").wait(120)
+
+
+def _diagnose(c, predicate, since: float, what: str):
+    """Poll ``c.why()`` until a row satisfies ``predicate``; the answer must come within
+    the threshold plus ANSWER_S of ``since`` (the moment the hang began), and each
+    ``why()`` call within ANSWER_S."""
+    deadline = since + doctor.THRESHOLD + ANSWER_S
+    last = None
+    while time.time() < deadline + 0.5:
+        diag = c.why()
+        assert diag.took <= ANSWER_S, f"why() took {diag.took:.2f} s"
+        found = [r for r in diag.rows if predicate(r)]
+        if found:
+            assert time.time() <= deadline + 0.5, f"{what}: diagnosed only after {time.time() - since:.1f} s"
+            return diag, found[0]
+        last = diag
+        time.sleep(0.2)
+    raise AssertionError(f"{what}: not diagnosed within {doctor.THRESHOLD + ANSWER_S:g} s; last: {last}")
+
+
+# -- the placement map -----------------------------------------------------------------------------
+def test_placement_map_spreads_a_models_variables_over_two_ps(cluster):
+    history = tfmagic.train(cluster, mode="async", steps=120, model="digits", seed=1)
+    p = cluster.placement(run=history)
+    model_rows = [r for r in p if r.owner.startswith("training")]
+    names = {r.name for r in model_rows}
+    assert {"hidden/kernel", "hidden/bias", "output/kernel", "output/bias"} <= names
+    assert {str(r.task) for r in model_rows} <= {"ps:0", "ps:1"}
+    kernel = next(r for r in model_rows if r.name == "hidden/kernel")
+    assert tuple(kernel.shape) == (64, 32) and kernel.bytes == 64 * 32 * 4 and kernel.dtype == "float32"
+    shares = p.shares()
+    assert set(shares) == {"ps:0", "ps:1"} and abs(sum(shares.values()) - 1) < 1e-9
+    assert shares["ps:0"] > 0.9  # the big kernel sits on ps:0: a hotspot, and the map says so
+    assert any("ps:0 holds" in n and "hidden/kernel" in n for n in p.notes), p.notes
+    assert "round-robin" in p.assignment
+    assert set(p.ran_steps) == {"worker:0", "worker:1"} and sum(p.ran_steps.values()) == 120
+    text = str(p)
+    assert "ps:0" in text and "hidden/kernel" in text and "steps run: worker:0" in text
+    assert "<svg" in p._repr_html_() or "<img" in p._repr_html_()
+    rows = p.as_dicts()
+    assert {"name", "task", "shape", "bytes"} <= set(rows[0])
+
+
+def test_placement_map_sees_cells_and_tasks_own_variables(cluster):
+    import tensorflow as tf
+
+    with cluster.device("ps:1"):
+        v = tf.Variable(tf.zeros([100, 10]), name="placed_by_cell")
+    run_px(cluster, "v_px = tf.Variable(tf.zeros([7, 3]), name='made_in_task')", "worker:0").wait(60)
+    p = cluster.placement()
+    cell = [r for r in p if r.name == "placed_by_cell"]
+    assert cell and str(cell[0].task) == "ps:1" and cell[0].bytes == 4000, [str(r) for r in p]
+    task_made = [r for r in p if r.name == "made_in_task"]
+    assert task_made and str(task_made[0].task) == "worker:0" and task_made[0].bytes == 84
+    assert "%%tf_px cell in worker:0" in task_made[0].owner
+    del v
+
+
+# -- traffic, measured -----------------------------------------------------------------------------
+def test_worker_to_ps_traffic_matches_what_the_model_must_move(cluster):
+    """Digits with 4096 hidden units: 307,210 parameters, 1.23 MB.  Each async step reads every
+    parameter from the ps and writes a gradient of the same size: the TCP counters of the
+    task processes must show that, within 30 %."""
+    model = Digits(hidden=4096)
+    params = 64 * 4096 + 4096 + 4096 * 10 + 10
+    before = cluster.traffic()
+    history = tfmagic.train(cluster, mode="async", steps=60, model=model, seed=2)
+    after = cluster.traffic()
+    steps = len(history.records)
+    assert steps == 60
+
+    def moved(src_job, dst_job):
+        total = 0
+        for row in after:
+            if row["src"].startswith(src_job) and row["dst"].startswith(dst_job):
+                total += row["bytes"] - before.between(row["src"], row["dst"])
+        return total
+
+    expected = steps * params * 4
+    up, down = moved("worker", "ps"), moved("ps", "worker")
+    print(f"worker->ps {up / 1e6:.1f} MB, ps->worker {down / 1e6:.1f} MB, model {expected / 1e6:.1f} MB")
+    assert 0.7 * expected <= up <= 1.3 * expected, (up, expected)
+    assert 0.7 * expected <= down <= 1.3 * expected, (down, expected)
+
+
+def test_traffic_rows_and_rates(cluster):
+    meter = cluster.traffic_meter()
+    run = tfmagic.train(cluster, mode="async", steps=100_000, model="digits", block=False)
+    try:
+        poll_for(lambda: len(run.history.records) > 50, timeout=60)
+        poll_for(
+            lambda: any(
+                link.rate > 0 and link.src.startswith("worker") and link.dst.startswith("ps")
+                for link in meter.links()
+            ),
+            timeout=10,
+        )
+    finally:
+        run.stop()
+    t = cluster.traffic()
+    links = {(r["src"], r["dst"]) for r in t}
+    assert {("kernel", "worker:0"), ("worker:0", "ps:0"), ("ps:0", "worker:1")} <= links
+    assert all(r["bytes"] >= 0 for r in t)
+    assert "worker:0" in str(t)
+
+
+def test_parse_ss_reads_counters():
+    out = (
+        '0 0 127.0.0.1:41865 127.0.0.1:50000 users:(("python",pid=42,fd=7))\n'
+        "\t cubic bytes_sent:1200 bytes_acked:1201 bytes_received:3400 segs_out:3\n"
+    )
+    socks = traffic.parse_ss(out)
+    assert len(socks) == 1 and socks[0].pid == 42 and socks[0].sent == 1200 and socks[0].received == 3400
+
+
+# -- the hang doctor -------------------------------------------------------------------------------
+def test_doctor_a_worker_stopped_under_sync_training(cluster):
+    _ensure_running(cluster)
+    run = tfmagic.train(cluster, mode="sync", steps=100_000, model="digits", block=False)
+    proc = cluster.procs[tfmagic.spec.TaskName.parse("worker:1")]
+    try:
+        poll_for(lambda: len(run.history.records) > 10, timeout=60)
+        stopped_at = time.time()
+        os.kill(proc.task_pid, signal.SIGSTOP)
+        diag, row = _diagnose(
+            cluster,
+            lambda r: "worker:1" in r.waiting_for and "stopped" in r.cause,
+            stopped_at,
+            "a SIGSTOPped worker under sync",
+        )
+        assert "sync" in row.waiter and "kill -CONT" in row.next_step
+        assert "worker:1" in diag.banner
+    finally:
+        os.kill(proc.task_pid, signal.SIGCONT)
+        run.stop()
+
+
+def test_doctor_a_straggler_is_slow_not_hung(cluster):
+    _ensure_running(cluster)
+    cluster.slow("worker:0", 8)
+    try:
+        diag = cluster.why()
+        assert "worker:0 it is slowed x8" in diag.text or "slowed x8" in diag.tasks.get("worker:0", ""), (
+            diag.text
+        )
+        assert "not hung" in diag.tasks["worker:0"]
+    finally:
+        cluster.slow("worker:0", 1)
+
+
+def test_doctor_a_px_cell_blocked_in_one_task(cluster):
+    _ensure_running(cluster)
+    cell = run_px(cluster, "import time\nif task_index == 1:\n    time.sleep(30)", "worker:*")
+    began = time.time()
+    try:
+        diag, row = _diagnose(
+            cluster, lambda r: "tf_px" in r.waiter and "worker:1" in r.waiting_for, began, "a blocked px cell"
+        )
+        assert "running and answering" in row.cause
+        assert not any("worker:0" in r.waiting_for for r in diag.rows if "tf_px" in r.waiter)
+        stacks = cluster.why(stacks=True).stacks
+        assert "time.sleep" in stacks["worker:1"] or "sleep" in stacks["worker:1"]
+    finally:
+        cell.interrupt()
+        cell.wait(30)
+
+
+def test_doctor_a_worker_killed_under_a_placed_cell(cluster):
+    import tensorflow as tf
+
+    _ensure_running(cluster)
+    box: dict = {}
+
+    def cell():
+        try:
+            with (
+                cluster.device("worker:1"),
+                tfmagic.client.gate.call("a %%tf_device cell", ["worker:1"], "its ops"),
+            ):
+                # a long op on the worker: a loop of matmuls
+                x = tf.random.normal([200, 200])
+                box["out"] = tf.while_loop(
+                    lambda i, a: i < 200_000, lambda i, a: (i + 1, a @ x * 1e-3), [0, x]
+                )
+        except Exception as exc:  # noqa: BLE001 - the worker dies under it on purpose
+            box["error"] = exc
+
+    thread = threading.Thread(target=cell, daemon=True)
+    thread.start()
+    proc = cluster.procs[tfmagic.spec.TaskName.parse("worker:1")]
+    time.sleep(0.5)
+    killed_at = time.time()
+    os.kill(proc.task_pid, signal.SIGKILL)
+    try:
+        # Either the cell fails at once, saying which task went, or it hangs and the doctor says why.
+        thread.join(doctor.THRESHOLD)
+        if thread.is_alive():
+            diag, row = _diagnose(
+                cluster, lambda r: "worker:1" in r.waiting_for and "dead" in r.cause, killed_at, "dead worker"
+            )
+            assert "restart worker:1" in row.next_step
+        else:
+            assert "error" in box, "the cell's ops on a killed worker cannot have succeeded"
+        poll_for(lambda: "dead" in cluster.why().tasks.get("worker:1", ""), timeout=ANSWER_S + 3)
+        said = cluster.why().tasks["worker:1"]
+        assert "signal 9" in said and "cuda" not in said.lower(), said
+        thread.join(30)
+    finally:
+        cluster.restart("worker:1", force=True)
+
+
+def test_doctor_a_ps_killed_under_async(cluster):
+    _ensure_running(cluster)
+    run = tfmagic.train(cluster, mode="async", steps=100_000, model="digits", block=False)
+    proc = cluster.procs[tfmagic.spec.TaskName.parse("ps:0")]
+    try:
+        poll_for(lambda: len(run.history.records) > 10, timeout=60)
+        killed_at = time.time()
+        os.kill(proc.task_pid, signal.SIGKILL)
+        poll_for(lambda: "dead" in cluster.why().tasks.get("ps:0", ""), timeout=ANSWER_S + doctor.THRESHOLD)
+        took = time.time() - killed_at
+        assert took <= doctor.THRESHOLD + ANSWER_S
+        text = cluster.why().text
+        assert "ps:0 it is dead (killed by signal 9)" in text and "next: %tf_cluster restart ps:0" in text, (
+            text
+        )
+        poll_for(lambda: not run.running, timeout=10)  # async without its ps stops, saying why
+        assert "ps:0" in repr(run), repr(run)
+    finally:
+        run.stop()
+        cluster.restart("ps:0", force=True)
+
+
+def test_doctor_a_tf1_program_whose_chief_never_starts(cluster):
+    """Seed 000's shape: a non-chief MonitoredTrainingSession waits for the chief to
+    initialise the variables; only worker:1 runs it, so it waits for ever."""
+    _ensure_running(cluster)
+    code = """
+with tf.Graph().as_default():
+    with tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(cluster=cluster, worker_device=f"/job:worker/task:{task_index}")):
+        w = tf.compat.v1.get_variable("w_chief_test", [4], initializer=tf.compat.v1.zeros_initializer())
+        step = tf.compat.v1.train.get_or_create_global_step()
+    with tf.compat.v1.train.MonitoredTrainingSession(master=server.target, is_chief=(task_index == 0)) as s:
+        s.run(w)
+"""
+    cell = run_px(cluster, code, "worker:1")
+    began = time.time()
+    try:
+        diag, row = _diagnose(
+            cluster,
+            lambda r: "chief" in r.cause.lower() or "TF1 session" in r.waiter,
+            began,
+            "a TF1 program without its chief",
+        )
+        assert "chief" in str(diag).lower()
+    finally:
+        cell.interrupt()
+        cell.wait(30)
+
+
+def test_doctor_a_sync_replicas_program_with_fewer_workers_than_replicas(cluster):
+    """SyncReplicasOptimizer waits for 2 gradients per step; only worker:0 runs the program."""
+    _ensure_running(cluster)
+    code = """
+with tf.Graph().as_default():
+    with tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(cluster=cluster, worker_device=f"/job:worker/task:{task_index}")):
+        w_sr = tf.compat.v1.get_variable("w_sr", [1], initializer=tf.compat.v1.zeros_initializer())
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        opt_sr = tf.compat.v1.train.SyncReplicasOptimizer(
+            tf.compat.v1.train.GradientDescentOptimizer(0.1), replicas_to_aggregate=2, total_num_replicas=2)
+        train_op = opt_sr.minimize(tf.reduce_sum(tf.square(w_sr - 1.0)), global_step=gs)
+    hook = opt_sr.make_session_run_hook(task_index == 0)
+    with tf.compat.v1.train.MonitoredTrainingSession(master=server.target, is_chief=(task_index == 0), hooks=[hook]) as s:
+        for _ in range(3):
+            s.run(train_op)
+"""
+    cell = run_px(cluster, code, "worker:0")
+    began = time.time()
+    try:
+        # the chief builds its session (a second or two) before its first step waits
+        diag, row = _diagnose(
+            cluster,
+            lambda r: "SyncReplicasOptimizer" in r.cause,
+            began + 3.0,
+            "SyncReplicas with fewer workers",
+        )
+        assert "aggregates 2 gradients" in row.cause and "only 1 worker" in row.cause, row.cause
+        assert "replicas_to_aggregate=1" in row.next_step
+    finally:
+        cell.interrupt()
+        cell.wait(30)
+
+
+def test_doctor_a_program_given_a_wrong_ps_address(cluster):
+    _ensure_running(cluster)
+    code = """
+import socket
+def free_port():
+    s_ = socket.socket(); s_.bind(("127.0.0.1", 0)); p_ = s_.getsockname()[1]; s_.close(); return p_
+# the seeds' way: a program builds its own server from a spec, here with a ps address that is wrong
+wrong = tf.train.ClusterSpec({"ps": [f"127.0.0.1:{free_port()}"], "worker": [f"127.0.0.1:{free_port()}"]})
+own = tf.distribute.Server(wrong, job_name="worker", task_index=0)
+with tf.Graph().as_default():
+    with tf.compat.v1.device("/job:ps/task:0"):
+        v_wrong = tf.compat.v1.get_variable("v_wrong", [1])
+    with tf.compat.v1.Session(own.target) as sess:
+        sess.run(v_wrong.initializer)
+"""
+    cell = run_px(cluster, code, "worker:1")
+    began = time.time()
+    try:
+        diag, row = _diagnose(cluster, lambda r: "nothing listens" in r.cause, began, "a wrong ps address")
+        assert "ps:0" in row.cause and "restart worker:1" in row.next_step, row
+    finally:
+        cell.interrupt()  # a session waiting in native code does not see it: replace the task
+        try:
+            cell.wait(5)
+        except TimeoutError:
+            cluster.restart("worker:1", force=True)
+            cell.wait(30)
+
+
+def test_doctor_an_old_cluster_object_after_replace():
+    old = tfmagic.LocalCluster(ps=0, workers=1, name="old-doctor")
+    old.start()
+    from tfmagic.session import ClusterRequest, Session
+
+    session = Session()
+    session.cluster = old
+    try:
+        session.start(ClusterRequest(ps=0, workers=1, pace="20ms"), replace=True)
+        diag = old.why()
+        assert diag.rows and "replaced by" in diag.rows[0].cause, diag.text
+        assert "current_cluster" in diag.rows[0].next_step
+    finally:
+        session.close()
+        if old.running:
+            old.stop()
+
+
+def test_translate_tensorflows_classic_messages():
+    assert "worker:1" in doctor.translate(
+        "I0000 master.cc:278] CreateSession still waiting for response from worker: /job:worker/replica:0/task:1"
+    )
+    assert "restarted" in doctor.translate("Unable to find a context_id matching the specified one (123)")
+    assert "127.0.0.1:2222" in doctor.translate(
+        "UnavailableError: failed to connect to all addresses; last error: ipv4:127.0.0.1:2222: Connection refused"
+    )
+    assert "chief" in doctor.translate(
+        "Waiting for model to be ready.  Ready_for_local_init_op:  None, ready: x"
+    )
+    assert doctor.translate("all good") == ""
+
+
+@pytest.mark.kernel
+def test_magics_map_traffic_why_in_a_kernel():
+    from .kernelutil import Kernel
+
+    k = Kernel(env={"TFMAGIC_SPARES": "0"})
+    try:
+        k.ok("%load_ext tfmagic")
+        for verb in ("map", "traffic", "why"):
+            reply = k.run(f"%tf_cluster {verb}")
+            assert reply.status == "error" and reply.error["ename"] == "UsageError", reply.text
+            assert "Traceback" not in reply.text and "start" in reply.error["evalue"], reply.text
+            assert len([ln for ln in reply.stderr.splitlines() if ln.strip()]) <= 1, reply.stderr
+        k.ok("%tf_cluster start --ps 2 --workers 2", timeout=180)
+        k.ok("%tf_train --mode async --steps 60 --model digits --wait", timeout=180)
+        shown = k.ok("%tf_cluster map").text
+        assert "ps:0" in shown and "hidden/kernel" in shown and "steps run" in shown, shown
+        shown = k.ok("%tf_cluster traffic").text
+        assert "worker:0" in shown and "ps:0" in shown, shown
+        shown = k.ok("%tf_cluster why --stacks").text
+        assert "nothing has waited" in shown and "--- worker:0 ---" in shown, shown
+        assert k.value("__import__('tfmagic').current_cluster().running") is True, "cluster intact"
+    finally:
+        k.shutdown()
