@@ -80,7 +80,7 @@ def test_the_magic_lists_refuses_unknown_names_in_one_line_and_bad_seeds():
     with pytest.raises(UsageError) as info:
         magics.tf_experiment("no-such-thing")
     assert "\n" not in str(info.value) and "stragglers" in str(info.value)
-    for bad in ("stragglers --seed -2", "stragglers --seed x", "stragglers extra words"):
+    for bad in ("stragglers --seed -2", "stragglers --seed x", "stragglers extra words", "ssp --memory 3"):
         with pytest.raises(UsageError):
             magics.tf_experiment(bad)
 

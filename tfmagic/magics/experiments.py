@@ -72,6 +72,12 @@ class ExperimentMagics(Magics):
                 f"no experiment named {args.name!r}; the experiments are {', '.join(experiments.names())}"
             )
 
+        limit = experiments.MEMORY_LIMIT / 1000**3
+        if args.memory > limit:
+            raise UsageError(
+                f"--memory is in GB, at most {limit:g} (every experiment keeps to it); for example --memory 1.8"
+            )
+
         def progress(text: str) -> None:
             print(f"{args.name}: {text}", flush=True)
 
