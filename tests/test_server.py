@@ -530,3 +530,34 @@ def test_a_publish_directory_others_could_write_is_refused(tmp_path, monkeypatch
     assert publish.directory() == private
     monkeypatch.delenv(publish.ENV_DIR)
     assert publish.announce(object()) is False  # not started by a server: nothing done, nothing paid
+
+
+@pytest.mark.unit
+def test_write_puts_a_finished_history_in_tensorboard_per_task(tmp_path):
+    """tfmagic.tensorboard.write for a run trained without logdir= (TensorFlow's writer, no cluster)."""
+    pytest.importorskip("tensorflow")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from tfmagic import tensorboard
+    from tfmagic.metrics import GlobalStep, History, StepRecord
+
+    history = History("sync", run="sync")
+    for step in range(5):
+        for w in range(2):
+            history.add_step(
+                StepRecord(
+                    f"worker:{w}", step, step, step + 0.1, 1.0 / (step + 1), mode="sync", local_step=step
+                )
+            )
+        history.add_global(GlobalStep(step + 1, step + 0.2, 1.0 / (step + 1)))
+    history.add_eval(5, 1.0, 0.25)
+    root = tensorboard.write(history, tmp_path)
+    assert root == tmp_path / "sync"
+    assert sorted(p.name for p in root.iterdir()) == ["global", "worker-0", "worker-1"]
+    worker = EventAccumulator(str(root / "worker-1"))
+    worker.Reload()
+    assert {"loss", "step_time_s", "dropped"} <= set(worker.Tags()["tensors"])
+    glob = EventAccumulator(str(root / "global"))
+    glob.Reload()
+    assert [e.step for e in glob.Tensors("loss")] == [1, 2, 3, 4, 5]
+    assert [e.step for e in glob.Tensors("heldout_loss")] == [5]
