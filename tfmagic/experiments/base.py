@@ -13,6 +13,7 @@ import base64
 import contextlib
 import html
 import io
+import logging
 import os
 import threading
 import time
@@ -319,6 +320,9 @@ class Lab:
         kwargs.setdefault("model", Linear(seed=self.seed))
         kwargs.setdefault("seed", self.seed)
         self.progress(f"{label or mode}: {steps} updates")
+        # each run traces its step functions anew: TensorFlow's "retracing" warnings say so, not the
+        # claim (set here, after TensorFlow's import, which sets its own level; conclude() restores it)
+        logging.getLogger("tensorflow").setLevel(logging.ERROR)
         history = training.train(cluster, mode=mode, steps=steps, **kwargs)
         self.memory.sample()
         if history.error:
@@ -338,9 +342,6 @@ def conclude(
     memory_limit: int = MEMORY_LIMIT,
 ) -> Result:
     """Run ``measure`` in a fresh :class:`Lab` and judge it: checks, time, memory, pace."""
-    import logging
-
-    # each run traces its step functions anew; TensorFlow's "retracing" warnings say so, not the claim
     tf_log = logging.getLogger("tensorflow")
     level = tf_log.level
     tf_log.setLevel(logging.ERROR)

@@ -46,7 +46,7 @@ def measure(lab: Lab) -> Finding:
             h = lab.train(cluster, "async", UPDATES_PER_WORKER * n, label=f"async, {n} workers")
         rate[n] = h.updates_per_s()
     sizes = sorted(rate)
-    measured = {f"updates/s, {n} workers": rate[n] for n in sizes}
+    measured = {f"updates/s, {n} worker{'s' * (n > 1)}": rate[n] for n in sizes}
     measured |= {f"speed-up, {n} workers": rate[n] / rate[1] for n in sizes if n > 1}
     checks = [
         Check(
