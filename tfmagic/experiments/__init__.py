@@ -21,8 +21,11 @@ module here, ``tfmagic/experiments/my_thing.py``, with
   (a context manager: the cluster stops when the block ends), train with
   ``lab.train(cluster, mode, steps, ...)`` (seeded with ``lab.seed``; it raises
   when the machine could not keep the pace), report with ``lab.progress(text)``,
-  and return ``Finding(measured={...}, checks=[Check(label, value, bound, ">=", meaning)],
-  figure=...)``. The claim holds when every check passes.
+  ask ``lab.fits(tasks)`` before a phase that may not fit the memory limit (skip it
+  and say so in ``notes``), and return ``Finding(measured={...},
+  checks=[Check(label, value, bound, ">=", meaning)], figure=..., notes=[...])``: a
+  matplotlib ``Figure`` (``base.figure()`` makes one without pyplot). The claim
+  holds when every check passes and the run kept its limits.
 
 and add one line to :data:`REGISTRY` below (name -> module). The limits bind
 every experiment, old and new: at most :data:`~.base.TIME_LIMIT` seconds and
@@ -62,6 +65,7 @@ REGISTRY: dict[str, str] = {
     "noise": "noise",
     "ssp": "ssp",
     "scaling": "scaling",
+    "ps-bottleneck": "ps_bottleneck",
 }
 
 
