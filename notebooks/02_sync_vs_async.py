@@ -19,68 +19,182 @@
 # Seed 001 states the trade-off this notebook measures on a real cluster:
 #
 # * **synchronous SGD**: every step, each worker computes a gradient from the *same* parameters; the gradients
-#   are averaged and applied once. The loss falls smoothly, but each step waits for the slowest worker.
+#   are averaged and applied once. Each update waits for the slowest worker.
 # * **asynchronous SGD** (Downpour): each worker applies its gradient as soon as it has one. Nobody waits, but a
-#   worker's gradient may have been computed from parameters that others have already changed: it is **stale**.
+#   worker's gradient may have been computed from parameters that others have changed meanwhile: it is **stale**.
 #
-# Both runs below start from the same initial weights, train the same model (a small MLP on scikit-learn's
-# handwritten digits) on the same data shards, with one ps and two workers, and apply the same number of updates.
+# **What this notebook shows:** the two loops as tfmagic runs them (the code itself), what each does to the
+# workers' time (a Gantt strip: who computes, who waits), how many updates per second each makes, how far the
+# held-out loss falls per update, per example and per second, and how stale async's gradients are.
+#
+# The cluster is **paced** (`--pace 150ms`): each worker is a modelled machine whose step takes 150 ms, whatever
+# this laptop's two cores are doing (the engine waits out the rest of each step). Without a pace, four processes
+# sharing two cores teach the laptop, not the algorithm.
+#
+# ## Predict first
+#
+# Write your answers down before you run the cells. Three workers, each step 150 ms:
+#
+# 1. How many updates per second does sync make? And async?
+# 2. Per **update**, which mode lowers the held-out loss more? Per **example** the workers read? Per **second**?
+# 3. While an async worker computes its gradient, the other workers apply theirs. How stale is a gradient, on
+#    average?
 
 # %%
 # %load_ext tfmagic
-# %tf_cluster start --ps 1 --workers 2
+# %tf_cluster start --ps 1 --workers 3 --pace 150ms
+
+# %% [markdown]
+# Both runs below start from the same initial weights and train the same model (a small MLP on scikit-learn's
+# handwritten digits, batch 32 per worker step) on the same data shards, for the same number of updates.
+# Every few updates each run measures the loss on the **same 256 held-out examples**: the one measure both modes
+# share (a sync update's own loss averages three batches, an async one's is one batch).
 
 # %%
+import inspect
+
 from IPython.display import Image
 
 import tfmagic
 from tfmagic import plots
+from tfmagic.training.asynchronous import AsyncLoop
+from tfmagic.training.sync import SyncLoop
 
 cluster = tfmagic.current_cluster()
-comp = tfmagic.compare(cluster, model="digits", steps=400, lr=0.1, batch_size=32)
+comp = tfmagic.compare(cluster, model="digits", steps=300, lr=0.1, batch_size=32)
 sync, async_ = comp.histories
 print(comp.table())
+for h in comp.histories:  # a machine too busy to keep the pace says so here
+    for note in h.notes:
+        print(f"{h.run}: {note}")
 
 # %% [markdown]
-# ## Convergence per update and per second
+# ## The sync loop
 #
-# Per **update** the two curves are close: an async update is almost as good as a sync one here (two workers make
-# gradients only slightly stale). Per **second** async is ahead: it applies an update whenever any worker is done,
-# while sync pays for a full round (both workers, then the apply) per update.
+# This is tfmagic's own code (`SyncLoop.run`, then the worker's side, `SyncLoop.work`): for each step `t`, tell
+# the workers to read the parameters, collect the first `workers - backup_workers` gradients of step `t`,
+# average and apply them, record. Each worker's thread waits for a new step, computes its gradient in one call to
+# its task and, on a paced cluster, waits out its modelled step.
+
+# %%
+print(inspect.getsource(SyncLoop.run))
+print(inspect.getsource(SyncLoop.work))
+
+# %% [markdown]
+# What it does to the workers' time, over the last ten updates: each worker computes its step (blue); nobody starts
+# step `t + 1` before every gradient of step `t` is in and applied (the thin gaps). With three identical machines
+# they finish together, so hardly anyone waits.
+
+# %%
+Image(plots.png_bytes(plots.gantt_figure(sync, steps=10)))
+
+# %%
+for task, row in sorted(plots.gantt_shares(sync).items()):
+    print(f"sync  {task}: busy {row['busy']:.0%}, waiting at the barrier {row['wait']:.0%}")
+
+# %% [markdown]
+# ### Real machines are not identical
+#
+# Give each step a random spread of about 30 % (`jitter`: the same mean, 150 ms) and predict: does a sync update
+# still take 150 ms? Each update now lasts as long as the *slowest* of three draws, and whoever drew a short step
+# waits at the barrier (yellow).
+
+# %%
+cluster.pace.jitter = 0.3  # each modelled step now takes 150 ms x a random factor of mean 1
+jittery = tfmagic.train(cluster, mode="sync", model="digits", steps=80, lr=0.1, batch_size=32)
+cluster.pace.jitter = 0.0
+print(
+    f"sync with jitter: {jittery.median_step_time() * 1000:.0f} ms per update (median), "
+    f"without: {sync.median_step_time() * 1000:.0f} ms"
+)
+for task, row in sorted(plots.gantt_shares(jittery).items()):
+    print(f"jittery sync {task}: busy {row['busy']:.0%}, waiting at the barrier {row['wait']:.0%}")
+Image(
+    plots.png_bytes(
+        plots.gantt_figure(jittery, steps=10, title="sync with jitter: each worker's last 10 steps")
+    )
+)
+
+# %% [markdown]
+# ## The async loop
+#
+# `AsyncLoop.work`, one thread per worker: step as fast as this worker can (its modelled machine, when paced).
+# Each call makes a step on the worker (read the parameters, compute, apply to the ps); the rest is bookkeeping
+# (the step records come back several at a time, a paced step's gradient lands at its end).
+
+# %%
+print(inspect.getsource(AsyncLoop.work))
+
+# %%
+Image(plots.png_bytes(plots.gantt_figure(async_, steps=10)))
+
+# %%
+for task, row in sorted(plots.gantt_shares(async_).items()):
+    print(f"async {task}: busy {row['busy']:.0%}, waiting {row['wait']:.0%}")
+
+# %% [markdown]
+# ## A fair comparison: per update, per example, per second
+#
+# The held-out loss of both runs against three x axes. Time starts at the end of each run's **warm-up** (tracing
+# its functions, first connections: the table shows it apart; it is not the algorithm).
 
 # %%
 Image(plots.png_bytes(plots.convergence_figure(comp.histories)))
 
+
 # %%
+def held_out_at(h, x, value):
+    """The held-out loss of the last probe at or before ``value`` on axis ``x``."""
+    xs, ys = plots.held_out_curve(h, x)
+    before = [y for x_, y in zip(xs, ys) if x_ <= value]
+    return before[-1] if before else float("nan")
+
+
+ups = sync.updates_per_s(), async_.updates_per_s()
 print(
-    f"updates per second: sync {sync.updates_per_s():.1f}, async {async_.updates_per_s():.1f} "
-    f"-> async applies {async_.updates_per_s() / sync.updates_per_s():.2f}x as many updates per second"
+    f"updates per second: sync {ups[0]:.1f}, async {ups[1]:.1f} "
+    f"-> async applies {ups[1] / ups[0]:.2f}x as many updates per second (3 workers)"
 )
-print(f"held-out loss after {sync.steps} updates: sync {sync.final_loss:.4f}, async {async_.final_loss:.4f}")
-print(f"accuracy: sync {sync.final_accuracy:.3f}, async {async_.final_accuracy:.3f}")
+print(
+    f"examples consumed for {sync.steps} updates: sync {sync.examples_seen()}, async {async_.examples_seen()}"
+)
+last = max(x for x in plots.held_out_curve(async_, "updates")[0])
+print(
+    f"held-out loss after {last} updates: sync {held_out_at(sync, 'updates', last):.3f}, "
+    f"async {held_out_at(async_, 'updates', last):.3f}"
+)
+seen = async_.examples_seen()
+print(
+    f"held-out loss after {seen} examples: sync {held_out_at(sync, 'examples', seen):.3f}, "
+    f"async {held_out_at(async_, 'examples', seen):.3f}"
+)
+secs = max(plots.held_out_curve(async_, "seconds")[0])
+print(
+    f"held-out loss after {secs:.1f} s of training: sync {held_out_at(sync, 'seconds', secs):.3f}, "
+    f"async {held_out_at(async_, 'seconds', secs):.3f}"
+)
+print(f"accuracy at the end: sync {sync.final_accuracy:.3f}, async {async_.final_accuracy:.3f}")
 
 # %% [markdown]
-# ## Throughput per worker
+# Read the three panels against your predictions:
 #
-# In sync mode both workers do every step, so their throughput is identical: the slower one sets it
-# (each worker step counts, so sync's total worker steps are twice its updates). In async mode each worker
-# runs at its own pace, and every worker step is an update.
-
-# %%
-for h in comp.histories:
-    print(h.summary())
-    print()
-
-# %% [markdown]
+# * **per update** the two curves are close: an async update, one fresh-enough batch, does about as much as a sync
+#   update averaging three;
+# * **per example** async is far ahead: sync reads three batches per update but, at the same learning rate, takes a
+#   step of the same length with their average; the better gradient buys little here;
+# * **per second** async is ahead too: both read about the same examples per second (the table's examples/s), but
+#   async turns every batch into an update, about three updates (one per worker) for each of sync's.
+#
 # ## Staleness
 #
-# For every async step tfmagic records how many updates *other* workers applied between this worker reading
-# the parameters and applying its gradient. Zero means the gradient was fresh.
+# For every async step tfmagic records how many updates *other* workers applied between this worker reading the
+# parameters and applying its gradient. With three workers at the same pace, each gradient meets about one update
+# from each of the two others: a mean near **workers - 1 = 2**.
 
 # %%
 stale = async_.staleness()
 for task, mean in sorted(stale.items()):
-    recs = [r for r in async_.records if r.task == task]
+    recs = [r for r in async_.records if r.task == task and not r.warmup]
     fresh = sum(1 for r in recs if r.staleness == 0) / len(recs)
     print(
         f"{task}: mean staleness {mean:.2f}, {fresh:.0%} of its gradients were fresh, max {max(r.staleness for r in recs)}"
@@ -88,8 +202,15 @@ for task, mean in sorted(stale.items()):
 Image(plots.png_bytes(plots.staleness_figure(async_)))
 
 # %% [markdown]
-# With more workers, or a slow one (notebook 03), gradients get staler and async's loss gets noisier.
-# Adagrad (`optimizer="adagrad"`) is what Dean et al. used to steady Downpour SGD.
+# ## Exercises
+#
+# 1. Sync averages three batches: give it three times the learning rate (`lr=0.3`, the "linear scaling rule" of
+#    Goyal et al. 2017) and predict where its held-out loss per example lands against async's. Then run
+#    `fast = tfmagic.train(cluster, mode="sync", model="digits", steps=300, lr=0.3)` and draw
+#    `plots.convergence_figure([fast, async_])`.
+# 2. Train with bounded staleness, `%tf_train --mode ssp --staleness 1 --model digits --steps 300`: no worker may
+#    run more than one step ahead of the slowest. Where do you expect its updates per second, and its staleness
+#    histogram (the live dashboard shows it), between sync and async?
 
 # %%
 # %tf_cluster stop
