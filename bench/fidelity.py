@@ -3,7 +3,9 @@
 Runs every experiment (or the ones named) for each seed, one after another,
 and prints per experiment: its main measured ratio for each seed against what
 the claim needs, how many seeds held, the longest run and the highest peak
-memory (this process and its tasks, PSS), and why the seeds that failed did.
+memory (this process and its tasks, PSS), and why the seeds that failed did.  Each line also gives the machine's load average
+(1 minute) when that run ended: on a machine shared with other work, a run that
+could not keep its pace fails with that reason, and the load says why.
 
     python bench/fidelity.py                       # all experiments, seeds 0-9 (about an hour)
     python bench/fidelity.py stragglers ssp --seeds 5
@@ -12,6 +14,7 @@ memory (this process and its tasks, PSS), and why the seeds that failed did.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -44,9 +47,10 @@ def main() -> int:
             figures = "; ".join(
                 f"{c.label} {c.value:.3g} (needs {c.op} {c.bound:.3g})" for c in result.checks
             )
+            load = os.getloadavg()[0]  # other programs on the machine: a pace missed under load says so
             print(
                 f"{name:15s} seed {seed}: {'holds' if result.holds else 'DOES NOT HOLD'}"
-                f"  {result.seconds:5.0f} s  {result.peak_memory / 1e9:4.2f} GB  {figures or '-'}",
+                f"  {result.seconds:5.0f} s  {result.peak_memory / 1e9:4.2f} GB  load {load:4.1f}  {figures or '-'}",
                 flush=True,
             )
             if not result.holds:
