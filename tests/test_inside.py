@@ -22,7 +22,7 @@ from tfmagic import doctor, traffic
 from tfmagic.px import run_px
 from tfmagic.training.models import Digits
 
-from .conftest import poll_for
+from .conftest import assert_gone, poll_for
 
 pytestmark = pytest.mark.cluster
 
@@ -417,8 +417,93 @@ def test_magics_map_traffic_why_in_a_kernel():
         assert "ps:0" in shown and "hidden/kernel" in shown and "steps run" in shown, shown
         shown = k.ok("%tf_cluster traffic").text
         assert "worker:0" in shown and "ps:0" in shown, shown
+        for bad, said in (
+            ("%tf_cluster net ps:0 --rate fast", "not a rate"),
+            ("%tf_cluster net ps:0 --rate 10mbit --delay=-1ms", "not a delay"),
+            ("%tf_cluster net ps:7 --rate 10mbit", "ps:7"),
+            ("%tf_cluster net ps:0 --rate 10mbit", "chosen at start"),
+        ):
+            reply = k.run(bad)
+            assert reply.status == "error" and reply.error["ename"] == "UsageError", reply.text
+            assert said in reply.error["evalue"] and "Traceback" not in reply.text, reply.text
         shown = k.ok("%tf_cluster why --stacks").text
         assert "nothing has waited" in shown and "--- worker:0 ---" in shown, shown
         assert k.value("__import__('tfmagic').current_cluster().running") is True, "cluster intact"
     finally:
         k.shutdown()
+
+
+# -- a modelled network ----------------------------------------------------------------------------
+def test_a_shaped_ps_moves_bytes_at_its_modelled_rate_and_changes_live():
+    import tensorflow as tf
+
+    from tfmagic.netshape import BadNet
+
+    with pytest.raises(BadNet, match="not a rate"):
+        tfmagic.LocalCluster(ps=1, workers=1, net="ps:0 rate=fast")
+    with pytest.raises(BadNet, match="not a delay"):
+        tfmagic.LocalCluster(ps=1, workers=1, net="ps:0 rate=10mbit delay=-1ms")
+    with pytest.raises(BadNet, match="will not have"):
+        tfmagic.LocalCluster(ps=1, workers=1, net="ps:3 rate=10mbit")
+    c = tfmagic.LocalCluster(ps=1, workers=1, spares=False, net="ps:0 rate=40mbit delay=1ms")
+    c.start()
+    relay = c.shaper.pid
+    try:
+        with c.device("ps:0"):
+            v = tf.Variable(tf.zeros([1_000_000]))  # 4 MB, read by the worker through ps:0's card
+
+        def read() -> float:
+            t0 = time.perf_counter()
+            with c.device("worker:0"):
+                out = tf.reduce_sum(v * 2.0)
+            out.numpy()
+            return time.perf_counter() - t0
+
+        read()  # first connections
+        slow = min(read() for _ in range(2))
+        model = 4e6 / (40e6 / 8)  # 0.8 s
+        assert 0.85 * model <= slow <= 1.6 * model, (slow, model)
+        c.net("ps:0", rate="160mbit", delay="1ms")
+        fast = min(read() for _ in range(2))
+        assert 0.85 * model / 4 <= fast <= 1.6 * model / 4 + 0.05, (fast, model / 4)
+        c.net("ps:0", rate=None)
+        free = min(read() for _ in range(2))
+        assert free < fast / 2, (free, fast)
+        with pytest.raises(BadNet, match="not a rate"):
+            c.net("ps:0", rate="fast")
+        with pytest.raises(BadNet, match="chosen at start"):
+            c.net("worker:0", rate="10mbit")
+        assert c.running and "net" in {e.kind for e in c.events}
+    finally:
+        c.stop()
+    assert_gone([relay], timeout=10)
+
+
+def test_unshaped_clusters_have_no_relay(cluster):
+    assert cluster.shaper is None and not cluster.net_models
+
+
+def test_the_ps_bottleneck_experiment():
+    import tfmagic.experiments as ex
+
+    result = ex.run("ps-bottleneck", seed=0)
+    print(result)
+    assert result.holds, result.why
+    assert 1.6 <= result.measured["1 ps over 2 ps"] <= 2.5
+    assert result.seconds <= 150
+
+
+def test_netshape_parses_rates_delays_and_specs():
+    import doctest
+
+    import tfmagic.netshape as netshape
+
+    result = doctest.testmod(netshape)
+    assert result.attempted >= 3 and result.failed == 0
+    assert netshape.parse_net("ps:0 rate=1gbit; worker:* delay=3ms") == {
+        "ps:0": netshape.LinkModel(125e6, 0.0),
+        "worker:*": netshape.LinkModel(None, 0.003),
+    }
+    for bad in ("ps:0 speed=10mbit", "psx rate=1mbit", "ps:0 rate=0mbit"):
+        with pytest.raises(netshape.BadNet):
+            netshape.parse_net(bad)

@@ -40,6 +40,7 @@ class ClusterRequest:
     tunnel: bool = False
     master: str | None = None
     pace: str | float | None = None
+    net: str | None = None
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
@@ -56,6 +57,7 @@ class ClusterRequest:
             worker_gpus=(gpus[0] if gpus and len(gpus) == 1 else gpus),
             collective=self.collective,
             pace=self.pace,
+            **({"net": self.net} if self.net else {}),
             **({"start_timeout": self.timeout} if self.timeout else {}),
             **self.extra,
         )
@@ -178,6 +180,12 @@ def build(request: ClusterRequest) -> Cluster:
         from .pace import Pace
 
         Pace.parse(request.pace)  # one line now, not after the old cluster stopped
+    if request.net:
+        from .netshape import parse_net
+
+        parse_net(request.net)  # one line now, not after the old cluster stopped
+        if request.backend != "local":
+            raise BadClusterShape("a modelled network (--net) works on local clusters only")
     if request.collective and request.ps:
         raise BadClusterShape("collective mode (all-reduce) has no parameter servers; use ps=0")
     if request.gpus and len(request.gpus) not in (1, request.workers):

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from . import client, doctor, owner, placement, traffic, waits
+from . import client, doctor, netshape, owner, placement, traffic, waits
 from .errors import BadClusterShape, ClusterStartError, NeedsForce, NoCluster, TaskLost
 from .events import Event, Topic
 from .launchers.base import Launcher, TaskHandle, TaskState
@@ -162,8 +162,20 @@ class Cluster:
         log_dir: str | os.PathLike | None = None,
         collective: bool = False,
         pace: str | float | Pace | None = None,
+        net: str | dict | None = None,
     ) -> None:
         self.shape = ClusterShape(ps=ps, workers=workers, chief=chief)
+        #: the tasks with a modelled network card (see :mod:`tfmagic.netshape`), chosen at start
+        self.net_models: dict[str, netshape.LinkModel] = netshape.parse_net(net)
+        for pattern in self.net_models:
+            job, _, index = pattern.partition(":")
+            count = {"ps": ps, "worker": workers, "chief": chief}.get(job, 0)
+            if count == 0 or (index != "*" and int(index) >= count):
+                raise netshape.BadNet(
+                    f"--net names {pattern}, which this cluster will not have ({ps} ps, {workers} workers)"
+                )
+        self.shaper: netshape.Shaper | None = None
+        self._bind_ports: dict[TaskName, int] = {}
         if collective and ps:
             raise BadClusterShape(
                 "collective mode (MultiWorkerMirroredStrategy, all-reduce) has no parameter servers; use ps=0"
@@ -315,6 +327,7 @@ class Cluster:
             subscriptions = [p.messages.subscribe(lambda msg: wake.set()) for p in procs.values()]
             defn = self._choose_addresses(tasks, procs)
             cluster = defn.as_dict()
+            self._route_shaped(tasks, procs, defn)
             self.launcher.prepare(cluster, procs)
             assigned: set[TaskName] = set()
             up: set[TaskName] = set()
@@ -334,6 +347,7 @@ class Cluster:
                             cpu_only=task.job == "ps",
                             threads=_threads_for(len(tasks)),
                             collective=self.collective,
+                            bind_port=self._bind_ports.get(task),
                         )
                         assigned.add(task)
                         say(task, "starting", f"server on {defn.address(task)}")
@@ -365,6 +379,9 @@ class Cluster:
         except BaseException:
             for proc in procs.values():
                 proc.kill()
+            if self.shaper is not None:
+                self.shaper.kill()
+                self.shaper = None
             self.launcher.close()
             raise
         finally:
@@ -378,6 +395,43 @@ class Cluster:
         for task, proc in procs.items():
             self._watch(task, proc)
         return warm, len(tasks) - warm
+
+    def _shaped(self, task: TaskName) -> netshape.LinkModel | None:
+        return self.net_models.get(str(task)) or self.net_models.get(f"{task.job}:*")
+
+    def _route_shaped(self, tasks: list[TaskName], procs: dict[TaskName, TaskHandle], defn) -> None:
+        """Shaped tasks serve on a private port; their cluster address is the relay's."""
+        shaped = [t for t in tasks if self._shaped(t) is not None]
+        if not shaped:
+            return
+        if not self.launcher.makes_spares:  # only local launchers make spares; the relay is local too
+            raise netshape.BadNet("a modelled network (--net) works on local clusters only")
+        if self.shaper is None or not self.shaper.alive:
+            self.shaper = netshape.Shaper()
+        for t in shaped:
+            port = defn.address(t).rsplit(":", 1)[1]
+            bind = self.launcher.pick_port(procs[t])
+            while str(bind) == port:
+                bind = self.launcher.pick_port(procs[t])
+            self._bind_ports[t] = bind
+            self.shaper.route(str(t), int(port), f"{procs[t].host}:{bind}", self._shaped(t))
+
+    def net(self, task: str | TaskName, rate: str | float | None = None, delay: str | float | None = None):
+        """Change a shaped task's modelled card live: ``rate`` (``"50mbit"``, None: unlimited), ``delay``.
+
+        Which tasks are shaped is chosen at start (``net=``); see :mod:`tfmagic.netshape`.
+        """
+        t = self.check_task(task)
+        model = netshape.LinkModel(netshape.parse_rate(rate), netshape.parse_delay(delay))
+        if self.shaper is None or str(t) not in self.shaper.models:
+            shaped = ", ".join(self.shaper.models) if self.shaper else "none"
+            raise netshape.BadNet(
+                f"{t} has no modelled network (shaped here: {shaped}); which tasks are shaped is chosen "
+                f'at start: %tf_cluster start ... --net "{t} rate=100mbit delay=2ms"'
+            )
+        self.shaper.shape(str(t), model)
+        self.emit("net", t, model.describe())
+        return model
 
     def _choose_addresses(self, tasks: list[TaskName], procs: dict[TaskName, TaskHandle]) -> ClusterDef:
         ports: dict[str, set[int]] = {}
@@ -474,6 +528,10 @@ class Cluster:
             if self._meter is not None:
                 self._meter.stop()
                 self._meter = None
+            if self.shaper is not None:
+                self.shaper.kill()
+                self.shaper = None
+                self._bind_ports = {}
             self.stopped_at = time.time()
             client.forget(self.id)
             self._killed_on_purpose.update(p.pid for p in procs.values() if p.pid is not None)
@@ -673,6 +731,7 @@ class Cluster:
                     cpu_only=t.job == "ps",
                     threads=_threads_for(len(self.procs)),
                     collective=self.collective,
+                    bind_port=self._bind_ports.get(t),
                 )
                 proc.wait_for(lambda p=proc: p.state is not TaskState.ASSIGNING, deadline - time.monotonic())
             if proc.state is TaskState.RUNNING:

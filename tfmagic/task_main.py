@@ -363,14 +363,25 @@ class TaskRuntime:
             if msg.get("collective"):
                 self._start_collective(self.tf, cluster, job, index)
             else:
-                self.server = core.server_lib.Server(
-                    core.server_lib.ClusterSpec(cluster),
-                    job_name=job,
-                    task_index=index,
-                    protocol="grpc",
-                    config=config,
-                    start=True,
-                )
+                spec = core.server_lib.ClusterSpec(cluster)
+                if msg.get("bind_port"):
+                    # A modelled network: the cluster's address for this task is the
+                    # relay's (tfmagic.netshape); the server itself listens here.
+                    from tensorflow.core.protobuf import tensorflow_server_pb2
+
+                    server_def = tensorflow_server_pb2.ServerDef(
+                        cluster=spec.as_cluster_def(),
+                        job_name=job,
+                        task_index=index,
+                        protocol="grpc",
+                        default_session_config=config,
+                        port=int(msg["bind_port"]),
+                    )
+                    self.server = core.server_lib.Server(server_def, start=True)
+                else:
+                    self.server = core.server_lib.Server(
+                        spec, job_name=job, task_index=index, protocol="grpc", config=config, start=True
+                    )
         except Exception as exc:  # noqa: BLE001 - reported to the owner, who decides
             text = f"{type(exc).__name__}: {exc}"
             traceback.print_exc()

@@ -101,6 +101,12 @@ class ClusterMagics(Magics):
         help="model each worker as a machine whose training step takes this long (40ms): a cluster in "
         "miniature that behaves like separate machines however many processes share the cores",
     )
+    @arg(
+        "--net",
+        default=None,
+        help='a modelled network card for some tasks: "ps:0 rate=100mbit delay=2ms" (ps:* for every ps; '
+        "; between tasks); rates and delays then change live with %%%%tf_cluster net",
+    )
     @arg("--hosts", default=None, help="ssh: hosts, comma-separated (node1,node2)")
     @arg("--python", default=None, help="ssh: the Python on the hosts (default python3)")
     @arg("--ssh-config", default=None, help="ssh: an ssh config file (ssh -F)")
@@ -137,6 +143,7 @@ class ClusterMagics(Magics):
             tunnel=args.tunnel,
             master=args.master,
             pace=args.pace,
+            net=unquote(args.net) if args.net else None,
         )
         try:
             shape = request.shape
@@ -336,6 +343,21 @@ class ClusterMagics(Magics):
             )
         else:
             print(f"{task} runs at full speed again.")
+
+    @verb(
+        "a shaped task's modelled network card, live: --rate 100mbit --delay 2ms (shaped at start with --net)"
+    )
+    @arg("task", nargs="?", default=None, help="ps:0")
+    @arg("--rate", default=None, help="each way, as tc writes it: 100mbit, 1gbit, 5mbps (megabytes/s); none")
+    @arg("--delay", default="0ms", help="one way: 2ms")
+    def cmd_net(self, args):
+        cluster = _need_cluster("shape")
+        task = _task(cluster, args.task, "net")
+        try:
+            model = cluster.net(task, rate=args.rate, delay=args.delay)
+        except TfmagicError as exc:
+            raise UsageError(str(exc)) from None
+        print(f"{task}'s network card now: {model.describe()}.")
 
     @verb("kill a task's process, as a crash would")
     @arg("task", nargs="?", default=None, help="worker:1")
