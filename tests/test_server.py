@@ -450,6 +450,7 @@ def test_tensorboard_shows_the_runs_scalars_through_the_proxy(server, trained, p
     page.goto(proxied)
     page.get_by_text("async/worker-0").first.wait_for(timeout=60_000)
     page.get_by_text("step_time_s").first.wait_for(timeout=60_000)
+    page.wait_for_timeout(3000)  # the charts draw after their data arrives: let the screenshot show them
     page.screenshot(path=str(ARTIFACTS / "tensorboard.png"))
     assert _get(proxied, redirect=False)[0] in (302, 403), "TensorBoard must be behind the server's login"
     assert kernel.run("print(tfmagic.tensorboard.show(" + repr(str(logdir)) + ") is tb)").strip() == "True"
@@ -519,6 +520,8 @@ def test_a_publish_directory_others_could_write_is_refused(tmp_path, monkeypatch
     shared.mkdir(mode=0o777)
     shared.chmod(0o777)
     monkeypatch.setenv(publish.ENV_DIR, str(shared))
+    assert publish.directory() is None
+    shared.chmod(0o755)  # others may read what training shows: not private either
     assert publish.directory() is None
     link = tmp_path / "link"
     private = tmp_path / "private"
