@@ -564,3 +564,30 @@ def test_write_puts_a_finished_history_in_tensorboard_per_task(tmp_path):
     glob.Reload()
     assert [e.step for e in glob.Tensors("loss")] == [1, 2, 3, 4, 5]
     assert [e.step for e in glob.Tensors("heldout_loss")] == [5]
+
+
+@pytest.mark.unit
+def test_a_killed_servers_directory_and_long_dead_kernels_records_are_removed(tmp_path):
+    from tfmagic.publish import process_start
+    from tfmagic.server import records
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    stale = tmp_path / f"{records.PREFIX}stale"
+    stale.mkdir(mode=0o700)
+    (stale / records.OWNER).write_text(f"{gone.pid} 1\n")
+    mine = records.make_dir(tmp_path)  # a new server: removes the directories of dead ones
+    assert not stale.exists() and mine.exists()
+    assert oct(mine.stat().st_mode & 0o777) == "0o700"
+    assert (mine / records.OWNER).read_text().split() == [str(os.getpid()), process_start(os.getpid())]
+    old = {"id": f"{gone.pid}-c1", "kernel_pid": gone.pid, "kernel_started": "1", "state": "running"}
+    (mine / f"{gone.pid}-c1.json").write_text(
+        json.dumps(old | {"updated_at": time.time() - records.PRUNE_AFTER - 1})
+    )
+    (mine / f"{gone.pid}-c1.png").write_bytes(b"png")
+    recent = old | {"id": f"{gone.pid}-c2", "updated_at": time.time()}
+    (mine / f"{gone.pid}-c2.json").write_text(json.dumps(recent))
+    listed = records.read_all(mine)
+    assert [r["id"] for r in listed] == [f"{gone.pid}-c2"] and listed[0]["state"] == "stopped"
+    assert not (mine / f"{gone.pid}-c1.json").exists() and not (mine / f"{gone.pid}-c1.png").exists()
+    assert records.read(mine, "../etc/passwd") is None
