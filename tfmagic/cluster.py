@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from . import client, doctor, netshape, owner, placement, traffic, waits
+from . import client, doctor, elastic, netshape, owner, placement, traffic, waits
 from .errors import BadClusterShape, ClusterStartError, NeedsForce, NoCluster, TaskLost
 from .events import Event, Topic
 from .launchers.base import Launcher, TaskHandle, TaskState
@@ -754,6 +754,19 @@ class Cluster:
         if self.use_spares:
             self.pool.fill_later(self.launcher, self.shape.size)
         return Restarted(seconds=time.monotonic() - t0, warm=int(warm), cold=int(not warm), attempts=attempt)
+
+    # -- membership, while it runs (see :mod:`tfmagic.elastic`) ----------------
+    def add(self, job: str = "worker", count: int = 1, timeout: float | None = None) -> elastic.Added:
+        """Start ``count`` more ``job`` tasks and connect them in place; nothing else restarts.
+
+        >>> cluster.add("worker")          # worker:2 joins a 2-worker cluster  # doctest: +SKIP
+        """
+        return elastic.add(self, job, count, timeout)
+
+    def remove(self, task: str | TaskName, drain: bool = False) -> elastic.Removed:
+        """End the highest-numbered worker once the runs using it are done with it (see
+        :func:`tfmagic.elastic.remove`; ``drain=False`` drops its step not yet applied)."""
+        return elastic.remove(self, task, drain)
 
     # -- inspection ------------------------------------------------------
     def why(self, stacks: bool = False) -> doctor.Diagnosis:

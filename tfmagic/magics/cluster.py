@@ -386,6 +386,43 @@ class ClusterMagics(Magics):
             f"pid {cluster.procs[task].pid})."
         )
 
+    # -- membership -----------------------------------------------------------
+    @verb("add tasks to the running cluster (a warm spare where one exists); nothing else restarts")
+    @arg("job", nargs="?", default=None, help="worker")
+    @arg("--count", type=count, default=1, help="how many (default 1)")
+    def cmd_add(self, args):
+        cluster = _need_cluster("add to")
+        if not args.job:
+            raise UsageError("add needs a job, for example: %tf_cluster add worker --count 1")
+        if args.count < 1:
+            raise UsageError("--count 0 adds nothing; give 1 or more")
+        try:
+            outcome = cluster.add(unquote(args.job), count=args.count)
+        except ClusterStartError as exc:
+            if exc.log_tail:
+                print(f"--- last lines of {exc.task}'s log ---\n{exc.log_tail}", file=sys.stderr)
+            raise UsageError(render.as_magic(str(exc))) from None
+        except TfmagicError as exc:
+            raise UsageError(render.as_magic(str(exc))) from None
+        how = f"{outcome.warm} warm spare(s)" if outcome.warm else "new process(es)"
+        print(
+            f"{', '.join(outcome.tasks)} joined in {outcome.seconds:.2f} s ({how}); "
+            f"the cluster has {cluster.shape.describe()}."
+        )
+
+    @verb("remove the highest-numbered worker; --drain lets it finish its current step first")
+    @arg("task", nargs="?", default=None, help="worker:2")
+    @arg("--drain", action="store_true", help="finish its step under way (default: drop it unapplied)")
+    def cmd_remove(self, args):
+        cluster = _need_cluster("remove")
+        task = _task(cluster, args.task, "remove")
+        try:
+            outcome = cluster.remove(task, drain=args.drain)
+        except TfmagicError as exc:
+            raise UsageError(render.as_magic(str(exc))) from None
+        notes = "".join(f" {n}." for n in outcome.notes)
+        print(f"{task} left in {outcome.seconds:.2f} s; the cluster has {cluster.shape.describe()}.{notes}")
+
     # -- elsewhere -------------------------------------------------------------
     @verb("write a Slurm script or Kubernetes manifests for this cluster's shape")
     @arg("kind", nargs="?", default=None, help="slurm, k8s or tfjob")

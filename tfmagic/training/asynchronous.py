@@ -53,6 +53,7 @@ class AsyncLoop:
         last_check, seen = time.monotonic(), -1
         while not self.control.stopping:
             time.sleep(0.1)
+            self.start_joined()
             if self.policy.all_lost():
                 self.control.fail(
                     TrainingError(
@@ -72,7 +73,26 @@ class AsyncLoop:
             if w.thread is not None:
                 w.thread.join(2 if self.control.reason else 30)
 
+    def start_joined(self) -> None:
+        """A worker that joined the cluster starts stepping at once (its thread places it first)."""
+        for w in list(self.policy.workers.values()):
+            if w.thread is None and not w.retired and not w.leaving:
+                w.thread = threading.Thread(
+                    target=with_own_executor(self.work),
+                    args=(w,),
+                    name=f"tfmagic-async-{w.task}",
+                    daemon=True,
+                )
+                w.thread.start()
+
     def work(self, w: Worker) -> None:
+        try:
+            self._work(w)
+        finally:
+            if w.leaving:
+                self.policy.retire(w)  # its last call returned and its rows are read: the task may go
+
+    def _work(self, w: Worker) -> None:
         """A worker's thread: step as fast as this worker can (or its modelled machine, when paced).
 
         Each call makes ``per_call`` steps there (read, compute, apply);
@@ -89,7 +109,7 @@ class AsyncLoop:
         # Calls go out without waiting for their answer (TensorFlow queues them to the worker in
         # order), except where the loop must know a step is done: a pace to keep, a bound to hold.
         fetch = self.pace is not None or self.bound is not None
-        while not self.control.stopping:
+        while not self.control.stopping and not w.leaving:
             if (w.lost or w.rebuild) and not self.policy.wait_rejoin(w):
                 pending.clear()
                 w.started = False
@@ -127,8 +147,8 @@ class AsyncLoop:
             if len(pending) >= FETCH_EVERY or time.monotonic() - last_flush > 0.1:
                 self.flush(w, pending)
                 last_flush = time.monotonic()
-        if self.pace is not None and w.started and not self.control.reason:
-            self.finish_paced(w, pending, held)
+        if self.pace is not None and w.started and not self.control.reason and not w.dropping:
+            self.finish_paced(w, pending, held)  # a worker leaving without --drain drops its held gradient
         if not self.control.reason:  # ended by the cluster going away: nothing left to read
             self.flush(w, pending, final=True)
 

@@ -47,8 +47,14 @@ class FailurePolicy:
         task = event.task
         if task is None:
             return
-        self.history.add_event(event, step=self.run.step_now())
-        if task.job == "worker" and task in self.workers:
+        if not (event.kind in ("joined", "left") and self.run.mode == "sync"):
+            # sync records membership at the step boundary where the replica count changes
+            self.history.add_event(event, step=self.run.step_now())
+        if task.job == "worker" and event.kind == "joined":
+            self.join(task)
+        elif task.job == "worker" and event.kind == "leaving" and task in self.workers:
+            self.leave(task)
+        elif task.job == "worker" and task in self.workers:
             w = self.workers[task]
             if event.kind in ("kill", "lost"):
                 w.lost = True
@@ -58,6 +64,59 @@ class FailurePolicy:
         elif task.job == "ps" and event.kind in ("kill", "lost"):
             self.control.fail(self.ps_lost(task))
         self.control.wake()
+
+    # -- membership (see tfmagic.elastic) -------------------------------------------
+    def join(self, task: TaskName) -> None:
+        """A worker joined the cluster: the run's loop places it and gives it steps.
+
+        The workers' dict is replaced, never changed in place: the loops'
+        threads iterate over it without a lock.
+        """
+        old = self.workers.get(task)
+        if self.control.stopping or (old is not None and not old.retired):
+            return
+        w = Worker(task, task.index, rebuild=True, joined=False)
+        # SSP counts steps from the slowest worker: a newcomer starts level with it, not 500 behind
+        w.local_step = min((x.local_step for x in self.members() if not x.lost), default=0)
+        self.run.workers_n = max(self.run.workers_n, task.index + 1)
+        if task not in self.history.workers:
+            self.history.workers.append(task)
+        self.workers = {**self.workers, task: w}
+
+    def leave(self, task: TaskName) -> None:
+        """A worker is leaving: it gets no new step; the run says when its last call returned."""
+        from .. import elastic
+
+        dep = elastic.departure(self.cluster.id, task)
+        w = self.workers[task]
+        if dep is None or w.retired or self.control.stopping:
+            return
+        w.drain = dep.drain
+        w.leaving = True
+        dep.hold(self.run.who)
+        if w.thread is None and self.run.kind != "fused":  # never given a step: nothing to wait for
+            self.retire(w)
+
+    def retire(self, w: Worker) -> None:
+        """``w`` has made its last call for this run; its task may go."""
+        from .. import elastic
+
+        w.retired = True
+        w.lost = True  # out of every count of running workers
+        dep = elastic.departure(self.cluster.id, w.task)
+        if dep is not None:
+            dep.release(self.run.who)
+        self.control.wake()
+
+    def release_all(self) -> None:
+        """The run ended: every task it was asked to let go of is let go of."""
+        for w in list(self.workers.values()):
+            if (w.leaving or w.thread is None) and not w.retired:
+                self.retire(w)
+
+    def members(self) -> list[Worker]:
+        """The workers taking part now (sync: the replicas), lost ones included."""
+        return [w for w in self.workers.values() if w.joined and not w.retired and not w.dropping]
 
     def ps_lost(self, task: TaskName) -> TrainingError:
         ckpt = self.run.checkpoints.last()
@@ -144,14 +203,16 @@ class FailurePolicy:
     def wait_rejoin(self, w: Worker) -> bool:
         """Wait while ``w`` is lost; True once it can step again."""
         with self.control.cond:
-            while w.lost and not self.control.stopping:
+            while w.lost and not self.control.stopping and not w.leaving:
                 self.control.cond.wait(0.2)
-        if self.control.stopping:
+        if self.control.stopping or w.leaving:
             return False
         if w.rebuild:
             try:
                 self.run.place(w)
-                self.history.add_event("rejoin", w.task, step=self.run.step_now())
+                if w.joined:
+                    self.history.add_event("rejoin", w.task, step=self.run.step_now())
+                w.joined = True
             except Exception as exc:  # noqa: BLE001
                 self.handle_error(w, exc)
                 return False
@@ -159,10 +220,10 @@ class FailurePolicy:
 
     def check_enough_workers(self, t: int, needed: int) -> None:
         """Sync: raise when fewer than ``needed`` workers are left to aggregate step ``t``."""
-        alive = [w for w in self.workers.values() if not w.lost]
+        alive = [w for w in self.members() if not w.lost]
         if len(alive) >= needed:
             return
-        lost = [w.task for w in self.workers.values() if w.lost]
+        lost = [w.task for w in self.members() if w.lost]
         if self.config.backup_workers == 0:
             raise TrainingError(
                 f"sync training needs all {self.run.workers_n} workers every step (backup_workers=0) and "

@@ -77,6 +77,22 @@ class ParameterStore:
                         row.append(tf.Variable(tf.zeros_like(v), trainable=False, name=f"grad_{i}_{j}"))
                 self.buffers.append(row)
 
+    def add_buffers(self, workers: int) -> bool:
+        """Sync: buffers for workers that joined during the run (rows up to ``workers``); whether any were made."""
+        import tensorflow as tf
+
+        if len(self.buffers) >= workers:
+            return False
+        made_by = placement.creator(self.cluster.id, "sync gradient buffers")
+        with client.gate.call(self.who), tf.variable_creator_scope(made_by):
+            for i in range(len(self.buffers), workers):
+                row = []
+                for j, v in enumerate(self.variables):
+                    with tf.device(v.device):
+                        row.append(tf.Variable(tf.zeros_like(v), trainable=False, name=f"grad_{i}_{j}"))
+                self.buffers.append(row)
+        return True
+
     def ps_alive(self) -> bool:
         """Whether every ps task runs (False once the cluster stopped: nothing to read then)."""
         procs = self.cluster.procs

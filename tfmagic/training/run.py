@@ -292,6 +292,7 @@ class TrainingRun:
             for w in self.policy.workers.values():
                 if w.thread is not None:
                     w.thread.join(2 if self.control.reason else 30)
+            self.policy.release_all()  # a task being removed need not wait for a run that ended
             following.close()
             self.scheduled.close()
             if not self._abandoned:

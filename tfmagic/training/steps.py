@@ -97,6 +97,17 @@ class Worker:
     started: bool = False  # paced async: a gradient is in flight
     device_end: float | None = None  # async: when its last recorded step ended on the worker
     warm_end: float | None = None  # when its first (warm-up) call ended
+    # membership (see tfmagic.elastic): a worker that joined during the run takes part once placed
+    # (sync: from a step boundary); one leaving gets no new step and is retired once its last returned
+    joined: bool = True
+    leaving: bool = False
+    drain: bool = True  # leaving: finish (True) or drop (False) its step not yet applied
+    retired: bool = False
+
+    @property
+    def dropping(self) -> bool:
+        """Leaving without finishing its step: no gradient of it counts any more."""
+        return self.leaving and not self.drain
 
 
 def _input(w: Worker, model, batch: int, workers: int, who: str):

@@ -57,7 +57,8 @@ class SyncLoop:
         self.control, self.history, self.params = run.control, run.history, run.params
         self.policy = run.policy
         self.pace = run.cluster.pace
-        self.replicas = run.workers_n - run.config.backup_workers
+        self.backups = run.config.backup_workers
+        self.members: set = set()  # the workers taking part, as of the last step boundary
         self.current = -1  # the step the workers compute now
         self.started = 0.0  # when step `current` was announced
         self.overhead = 0.0  # apply + announce, learnt: a paced step ends that much early
@@ -68,8 +69,10 @@ class SyncLoop:
     def run(self, first: int, last: int) -> None:
         """Updates ``first`` .. ``last - 1``: wait for enough gradients of each, average, apply."""
         self.first = first
+        self.members = {w.task for w in self.policy.members()}
         self.start_workers()
         for t in range(first, last):
+            self.reconcile(t)  # workers that joined or left since the last step
             self.announce(t)  # workers read the parameters of step t
             collected = self.collect(t)  # the first `replicas` gradients of step t, applied
             if collected is None:
@@ -77,6 +80,43 @@ class SyncLoop:
             self.record(t, *collected)
             self.training.checkpoint()
         self.drain()  # what arrives late for the last step is dropped, and counted
+
+    @property
+    def replicas(self) -> int:
+        """Gradients each update averages: the workers taking part, less the backups."""
+        return len(self.policy.members()) - self.backups
+
+    def reconcile(self, t: int) -> None:
+        """At a step boundary: a worker leaving with ``drain`` has finished its last step and goes;
+        a worker that joined gets its gradient buffers and step function and computes step ``t``.
+
+        The replica count changes here, and the change is recorded on the run's history.
+        """
+        joined = False
+        for w in list(self.policy.workers.values()):
+            if w.leaving and w.drain and not w.retired:
+                w.drain = False  # step t - 1 was its last: no gradient of it counts from here
+            elif not w.joined and not w.retired and not w.leaving:
+                self.params.add_buffers(w.index + 1)
+                self.training.place(w)
+                w.joined, w.rebuild = True, False
+                joined = True
+                w.thread = threading.Thread(
+                    target=with_own_executor(self.work), args=(w,), name=f"tfmagic-sync-{w.task}", daemon=True
+                )
+                w.thread.start()
+        if joined:
+            self.apply = make_apply(self.params)  # averages over the new set of buffers
+        with self.control.cond:
+            self.control.cond.notify_all()  # leaving workers' threads end
+        now = {w.task for w in self.policy.members()}
+        if now != self.members:
+            n = f"{self.replicas} replicas per update from here"
+            for task in sorted(now - self.members):
+                self.history.add_event("joined", task, n, step=t)
+            for task in sorted(self.members - now):
+                self.history.add_event("left", task, n, step=t)
+            self.members = now
 
     # -- the workers' side ------------------------------------------------------
     def start_workers(self) -> None:
@@ -92,14 +132,21 @@ class SyncLoop:
             self.control.cond.notify_all()
 
     def work(self, w: Worker) -> None:
+        try:
+            self._work(w)
+        finally:
+            if w.leaving:
+                self.policy.retire(w)  # its last call returned: the task may go
+
+    def _work(self, w: Worker) -> None:
         """A worker's thread: for each new step, one call that computes its gradient there."""
         import tensorflow as tf
 
-        while not self.control.stopping:
+        while not self.control.stopping and not w.dropping:
             with self.control.cond:
-                while not self.control.stopping and self.current <= w.last_step:
+                while not self.control.stopping and self.current <= w.last_step and not w.dropping:
                     self.control.cond.wait(0.2)
-            if self.control.stopping:
+            if self.control.stopping or w.dropping:
                 return
             if (w.lost or w.rebuild) and not self.policy.wait_rejoin(w):
                 continue
@@ -142,6 +189,7 @@ class SyncLoop:
             while len(collected) < self.replicas:
                 if self.control.stopping:
                     return None
+                collected[:] = [r for r in collected if not r.worker.dropping]  # left without --drain
                 have = {r.worker.task for r in collected}
                 missing = [w.task for w in self.policy.workers.values() if w.task not in have and not w.lost]
                 waits.update(wait, missing, f"{len(collected)} of {self.replicas} gradients so far")
@@ -150,13 +198,13 @@ class SyncLoop:
                     res = self.results.get(timeout=0.1)
                 except queue.Empty:
                     continue
-                if res.step == t and not res.worker.lost:
+                if res.step == t and not res.worker.lost and not res.worker.dropping:
                     collected.append(res)
                 elif res.step != t:
                     self.record_dropped(res)
                     if res.step > t and self.was_applied(t):
                         return collected, (time.time(), None, None)  # the ps is past t: it happened
-            chosen = [0.0] * self.training.workers_n
+            chosen = [0.0] * len(self.params.buffers)
             for r in collected:
                 chosen[r.worker.index] = 1.0
             try:
@@ -278,7 +326,7 @@ class FusedSyncLoop:
         self.training = run
         self.control, self.history, self.params = run.control, run.history, run.params
         self.policy = run.policy
-        self.workers = list(run.policy.workers.values())
+        self.workers = self.policy.members()
         per_call = run.config.steps_per_call
         # every worker's gradient, the average, the apply: per_call updates per call
         self.update = fused_update(run.model, self.params, self.workers, per_call)
@@ -297,6 +345,11 @@ class FusedSyncLoop:
         for t in range(first, last, per_call):
             if self.control.stopping:
                 break
+            if self.changed():
+                if done is not None:  # recorded against the workers that made it
+                    self.record(*done)
+                    done = None
+                self.reconcile(t, per_call)
             if t + per_call > last:  # the last few updates: one call each (another function)
                 per_call, self.update = 1, self.single()
             c0 = time.time()
@@ -315,6 +368,36 @@ class FusedSyncLoop:
             self.training.checkpoint()
         if done is not None:
             self.record(*done)
+
+    def changed(self) -> bool:
+        """Whether a worker joined or is leaving since the function was built."""
+        return any(
+            (w.leaving and not w.retired) or (not w.joined and not w.retired)
+            for w in self.policy.workers.values()
+        )
+
+    def reconcile(self, t: int, per_call: int) -> None:
+        """At an update boundary: the leaving workers go (their last update is applied: a fused
+        update is never cut in half), the new ones are placed, the function is built for the new set."""
+        before = {w.task for w in self.workers}
+        for w in list(self.policy.workers.values()):
+            if w.leaving and not w.retired:
+                self.policy.retire(w)
+            elif not w.joined and not w.retired:
+                self.training.place(w)
+                w.joined, w.rebuild = True, False
+        self.workers = sorted(self.policy.members(), key=lambda w: w.index)
+        model, params = self.training.model, self.params
+        self.update = fused_update(model, params, self.workers, per_call)
+        self.single = (
+            (lambda: self.update) if per_call == 1 else (lambda: fused_update(model, params, self.workers))
+        )
+        now = {w.task for w in self.workers}
+        n = f"{len(self.workers)} replicas per update from here"
+        for task in sorted(now - before):
+            self.history.add_event("joined", task, n, step=t)
+        for task in sorted(before - now):
+            self.history.add_event("left", task, n, step=t)
 
     def fail(self, t: int, exc: Exception) -> None:
         clear_executor()

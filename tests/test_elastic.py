@@ -1,0 +1,225 @@
+"""Elastic clusters (tfmagic.elastic): workers added and removed on a running cluster, idle and while training.
+
+Real task processes, one cluster shared by the module (its own spare pool, so adds can take warm
+spares); every test leaves it at 1 ps + 2 workers.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from .conftest import assert_gone, poll_for, share, task_processes
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    import tfmagic
+    from tfmagic.pool import SparePool
+
+    pool = SparePool(budget="1GB")
+    c = tfmagic.LocalCluster(ps=1, workers=2, name="elastic", spares=False, pool=pool)
+    c.start()
+    handle = share(c, pool)
+    yield c
+    from .conftest import SHARED
+
+    SHARED.remove(handle)
+    pids = [p.pid for p in c.procs.values()]
+    c.close()
+    pool.shutdown()
+    assert_gone(pids)
+
+
+@pytest.fixture
+def two_workers(cluster):
+    """The shared cluster back at 2 workers after the test, whatever it did."""
+    yield cluster
+    while len(cluster.tasks("worker")) > 2:
+        cluster.remove(cluster.tasks("worker")[-1])
+
+
+def _applied(history, task) -> int:
+    return sum(1 for r in history.records if r.task == task and r.applied and r.update)
+
+
+def test_add_and_remove_while_idle_keep_variables_and_placed_ops(two_workers):
+    import tensorflow as tf
+
+    cluster = two_workers
+    cluster.connect()
+    with cluster.device("ps:0"):
+        v = tf.Variable(3.0)
+
+    @tf.function
+    def f(x):
+        return x * 2.0 + v
+
+    with cluster.device("worker:1"):
+        before = f(tf.constant(1.0))
+    assert float(before) == 5.0
+    old = {t: p.pid for t, p in cluster.procs.items()}
+
+    added = cluster.add("worker")
+    assert added.tasks == ["worker:2"]
+    assert cluster.shape.workers == 3 and len(cluster.cluster_def.jobs["worker"]) == 3
+    assert {t: cluster.procs[t].pid for t in old} == old  # nothing restarted
+    with cluster.device("worker:2"):
+        assert float(f(tf.constant(2.0))) == 7.0  # the new worker reads ps:0's variable
+    with cluster.device("worker:1"):
+        assert float(f(tf.constant(1.0))) == 5.0  # a function placed before still works
+    assert [r.task for r in cluster.status().tasks] == ["ps:0", "worker:0", "worker:1", "worker:2"]
+
+    pid = cluster.procs["worker:2"].pid
+    removed = cluster.remove("worker:2", drain=True)
+    assert removed.task == "worker:2" and removed.drained
+    assert_gone([pid])
+    assert cluster.shape.workers == 2 and "worker:2" not in cluster.procs
+    assert float(v.numpy()) == 3.0
+    with cluster.device("worker:1"):
+        assert float(f(tf.constant(1.0))) == 5.0
+    kinds = [(e.kind, str(e.task)) for e in cluster.events if e.task == "worker:2"]
+    assert kinds[-3:] == [("joined", "worker:2"), ("leaving", "worker:2"), ("left", "worker:2")]
+
+
+def test_bad_input_is_one_line_and_leaves_the_cluster_as_it_was(two_workers):
+    from IPython.core.error import UsageError
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from tfmagic import session
+    from tfmagic.errors import TfmagicError
+    from tfmagic.magics.cluster import ClusterMagics
+
+    cluster = two_workers
+    spec = cluster.cluster_def.as_dict()
+    pids = {t: p.pid for t, p in cluster.procs.items()}
+    with pytest.raises(TfmagicError, match="highest-numbered"):
+        cluster.remove("worker:0")
+    with pytest.raises(TfmagicError, match="not a job"):
+        cluster.add("chief")
+    with pytest.raises(TfmagicError, match="ps"):
+        cluster.add("ps")
+    with pytest.raises(TfmagicError, match="count"):
+        cluster.add("worker", count=0)
+    with pytest.raises(TfmagicError, match="not in this cluster"):
+        cluster.remove("worker:7")
+
+    magics = ClusterMagics(shell=InteractiveShell.instance())
+    sess = session.default()
+    previous, sess.cluster = sess.cluster, None
+    try:
+        with pytest.raises(UsageError, match="no cluster is running"):
+            magics.tf_cluster("add worker")
+        sess.cluster = cluster
+        for line, said in [
+            ("add chief", "not a job"),
+            ("add worker --count 0", "--count 0"),
+            ("remove worker:9", "not in this cluster"),
+            ("remove worker:0", "highest-numbered"),
+            ("remove", "needs a task"),
+        ]:
+            with pytest.raises(UsageError, match=said) as err:
+                magics.tf_cluster(line)
+            assert "\n" not in str(err.value), line
+        assert cluster.cluster_def.as_dict() == spec
+        assert {t: p.pid for t, p in cluster.procs.items()} == pids
+
+        magics.tf_cluster("remove worker:1 --drain")  # the magic's own round trip: one worker left
+        assert cluster.shape.workers == 1
+        with pytest.raises(UsageError, match="last worker"):
+            magics.tf_cluster("remove worker:0")
+        magics.tf_cluster("add worker --count 1")
+        assert cluster.shape.workers == 2
+    finally:
+        sess.cluster = previous
+
+
+def test_a_worker_added_during_async_applies_updates_at_once(two_workers):
+    import tfmagic
+
+    cluster = two_workers
+    run = tfmagic.train(cluster, "async", steps=10**6, block=False, name="elastic-async")
+    try:
+        poll_for(lambda: run.history.steps > 20, 120, what="async to start stepping")
+        added = cluster.add("worker")
+        joined = time.monotonic()
+        poll_for(lambda: _applied(run.history, "worker:2") > 0, 30, what="worker:2's first applied update")
+        pickup = time.monotonic() - joined
+        assert pickup < 10, f"worker:2 took {pickup:.1f} s from joining to its first update"
+        assert added.tasks == ["worker:2"]
+        cluster.remove("worker:2")
+        n = run.history.steps
+        poll_for(lambda: run.history.steps > n + 20, 30, what="async to go on without worker:2")
+    finally:
+        run.stop()
+    assert run.error is None
+    assert run.params.read_step() == len(run.history.global_steps) == run.history.steps
+    kinds = [e.kind for e in run.history.events if e.task == "worker:2"]
+    assert "joined" in kinds and "left" in kinds
+
+
+@pytest.mark.parametrize("backups", [0, 1], ids=["fused", "threaded"])
+def test_remove_during_sync_the_next_step_has_the_new_replica_count(two_workers, backups):
+    import tfmagic
+
+    cluster = two_workers
+    cluster.add("worker")
+    run = tfmagic.train(
+        cluster, "sync", steps=10**6, block=False, backup_workers=backups, name="elastic-sync"
+    )
+    try:
+        poll_for(lambda: run.history.steps > 10, 120, what="sync to start stepping")
+        full = 3 - backups
+        assert len(run.history.global_steps[-1].aggregated) == full
+        t0 = time.monotonic()
+        cluster.remove("worker:2", drain=True)
+        n = run.history.steps
+        poll_for(lambda: run.history.steps > n + 1, 30, what="the next sync step after the removal")
+        step_after = time.monotonic() - t0
+        last = run.history.global_steps[-1]
+        assert len(last.aggregated) == full - 1 and "worker:2" not in last.aggregated
+    finally:
+        run.stop()
+    assert run.error is None, run.error
+    assert run.params.read_step() == len(run.history.global_steps) == run.history.steps
+    left = [e for e in run.history.events if e.kind == "left" and e.task == "worker:2"]
+    assert left and "replicas per update" in left[0].detail
+    assert step_after < 30
+
+
+def test_twenty_add_remove_cycles_during_async_leave_no_orphan_and_lose_no_update(two_workers):
+    import tfmagic
+
+    cluster = two_workers
+    cluster.use_spares = True  # warm spares: a cycle costs no TensorFlow import
+    before = set(task_processes())
+    run = tfmagic.train(cluster, "async", steps=10**6, block=False, name="elastic-cycles")
+    ended = []
+    try:
+        poll_for(lambda: run.history.steps > 20, 120, what="async to start stepping")
+        for cycle in range(20):
+            cluster.add("worker")
+            pid = cluster.procs["worker:2"].pid
+            n = _applied(run.history, "worker:2")
+            poll_for(
+                lambda n=n: _applied(run.history, "worker:2") > n,
+                30,
+                what=f"worker:2's update, cycle {cycle}",
+            )
+            cluster.remove("worker:2", drain=cycle % 2 == 0)
+            ended.append(pid)
+        assert run.running
+    finally:
+        run.stop()
+        cluster.use_spares = False
+    assert run.error is None, run.error
+    assert_gone(ended)
+    assert run.params.read_step() == len(run.history.global_steps) == run.history.steps
+    steps = sorted(g.step for g in run.history.global_steps)
+    assert steps == list(range(1, len(steps) + 1))  # every update recorded once
+    spares = {p.pid for p in cluster.pool.processes()}
+    left = set(task_processes()) - before - spares - {p.pid for p in cluster.procs.values()}
+    poll_for(lambda: not (set(task_processes()) & left), 15, what=f"no orphan of the cycles ({left})")

@@ -1,0 +1,329 @@
+"""Elastic membership: add workers to a running cluster and remove them, restarting nothing.
+
+The cluster spec of a TensorFlow server is fixed when it starts, but the
+eager client's is not: ``context.update_server_def`` with a definition that
+has one more task makes the new task usable at once and leaves the others
+running with their state (TensorFlow's ``remote_cluster_test.py``, "Add a
+server to cluster, and run remote function on it").  The task processes
+never need the new spec themselves: the client's definition is the one the
+eager runtime uses.  So growing is: start (or take a warm spare) and give it
+its role, then renew the connection in place; shrinking is: let the runs
+that use the task finish with it, end its process, renew the connection.
+
+Task indices of the others stay what they were: only the **highest-numbered
+worker** can be removed.  TensorFlow accepts sparse indices, but every
+other part of a cluster (a job's ``0..n-1`` addresses in ``TF_CONFIG``,
+exports, shards of the data, the placement map) reads a job as a list;
+a hole in it would be one more state everything must handle, for no gain
+to a user who only wants fewer workers.  Adding then takes the next index
+again (``worker:2`` removed and added comes back as ``worker:2``).
+
+What happens is published on ``cluster.events``: ``joined`` once the new
+task is in the connection, ``leaving`` before a task goes (runs stop giving
+it steps and say when they are done with it, see :class:`Departure`) and
+``left`` once it is gone.  Training runs follow those (see
+:mod:`tfmagic.training.failures`); ``status`` and the dashboard read the
+cluster's tasks, which change with them.
+
+Adding ps tasks (re-spreading the variables) is not done yet: refused with
+a message saying so.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from . import client
+from .errors import BadClusterShape, NotOwned, UnknownTask
+from .launchers.base import TaskState
+from .spec import ClusterDef, ClusterShape, TaskName
+
+#: Seconds a removal waits for the runs using the task to be done with it.
+RELEASE_TIMEOUT = 20.0
+
+
+@dataclass
+class Added:
+    """What :func:`add` did: the new tasks, how long it took, how many came from warm spares."""
+
+    tasks: list[TaskName]
+    seconds: float
+    warm: int = 0
+    cold: int = 0
+
+
+@dataclass
+class Removed:
+    """What :func:`remove` did; ``waited`` is how long the runs took to be done with the task."""
+
+    task: TaskName
+    seconds: float
+    drained: bool
+    waited: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+class Departure:
+    """A task leaving a cluster, and the runs still using it.
+
+    A run that follows the cluster's ``leaving`` event calls :meth:`hold`
+    from its event handler (events are delivered on the publisher's thread,
+    so every hold is in before :func:`remove` starts waiting) and
+    :meth:`release` when its last call on the task has returned and its
+    records are read.  ``drain`` says whether the task's step under way is
+    finished (applied and recorded) or abandoned (dropped unapplied).
+    """
+
+    def __init__(self, task: TaskName, drain: bool) -> None:
+        self.task = task
+        self.drain = drain
+        self._cond = threading.Condition()
+        self._holders: set[str] = set()
+
+    def hold(self, who: str) -> None:
+        with self._cond:
+            self._holders.add(who)
+
+    def release(self, who: str) -> None:
+        with self._cond:
+            self._holders.discard(who)
+            self._cond.notify_all()
+
+    def wait(self, timeout: float) -> list[str]:
+        """Wait until no run holds the task; the holders left when ``timeout`` passed."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._holders:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(min(left, 0.25))
+            return sorted(self._holders)
+
+
+_departures: dict[tuple[int, str], Departure] = {}
+
+
+def departure(cluster_id: int, task: TaskName) -> Departure | None:
+    """The departure under way of ``task`` in cluster ``cluster_id`` (None: it is not leaving)."""
+    return _departures.get((cluster_id, str(task)))
+
+
+def _check_owned(cluster) -> None:
+    from .launchers.attached import AttachedLauncher
+
+    if isinstance(cluster.launcher, AttachedLauncher):
+        raise NotOwned(
+            f"cluster {cluster.name} was attached, not started by tfmagic: tfmagic cannot start or end its tasks. "
+            "Start the new task where the cluster runs and attach again with the bigger spec"
+        )
+
+
+def add(cluster, job: str = "worker", count: int = 1, timeout: float | None = None) -> Added:
+    """Start ``count`` new ``job`` tasks (warm spares first) and connect them in place.
+
+    Nothing else is restarted: variables on the ps, cells placed before and
+    runs in progress keep working.  On any failure the new processes are
+    ended and the cluster is as it was.
+    """
+    defn = cluster._need_running()
+    _check_owned(cluster)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise BadClusterShape(f"count must be a whole number >= 1, not {count!r}; for example count=1")
+    if job == "ps":
+        raise BadClusterShape(
+            "adding a ps (spreading the variables over one more task) is not supported yet; start a cluster "
+            "with more ps instead: %tf_cluster start --ps N --workers M --replace"
+        )
+    if job != "worker":
+        raise UnknownTask(
+            f"{job!r} is not a job tfmagic can add to; add workers: cluster.add('worker') or %tf_cluster add worker"
+        )
+    if cluster.collective:
+        raise BadClusterShape(
+            "a collective (all-reduce) cluster's workers form one group fixed at start; "
+            "start a bigger one instead (%tf_cluster start --workers N --collective --replace)"
+        )
+    with cluster._lock:
+        t0 = time.monotonic()
+        deadline = t0 + (timeout or cluster.start_timeout)
+        first = len(defn.jobs.get(job, []))
+        tasks = [TaskName(job, first + i) for i in range(count)]
+        _check_memory(cluster, count)
+        taken = cluster.pool.take(cluster.launcher, count) if cluster.use_spares else []
+        warm = sum(1 for p in taken if p.warm_at is not None)
+        procs = {}
+        try:
+            hosts = cluster.launcher.hosts_for(len(defn.tasks()) + count)[-count:]
+            for i, task in enumerate(tasks):
+                log = str(cluster.log_dir / f"{task.slug}.log")
+                procs[task] = taken.pop(0) if taken else cluster.launcher.spawn(log, hosts[i])
+            jobs = defn.as_dict()
+            used = {a for addrs in jobs.values() for a in addrs}
+            for proc in procs.values():
+                address = None
+                while address is None or address in used:  # two picks may return the same free port
+                    address = f"{proc.host}:{cluster.launcher.pick_port(proc)}"
+                used.add(address)
+                jobs.setdefault(job, []).append(address)
+            new = ClusterDef.from_mapping(jobs)
+            spec = new.as_dict()
+            for task, proc in procs.items():
+                if not proc.wait_for(
+                    lambda p=proc: p.state is not TaskState.IMPORTING, deadline - time.monotonic()
+                ):
+                    raise cluster._failure(task, proc, "was not ready in time to join", timed_out=True)
+                if proc.state is not TaskState.SPARE:
+                    raise cluster._failure(task, proc, f"could not start: {proc.failure or proc.state}")
+                log = str(cluster.log_dir / f"{task.slug}.log")
+                proc.assign(
+                    task,
+                    spec,
+                    env=cluster.task_env(task),
+                    log=cluster.launcher.task_log(log),
+                    cpu_only=False,
+                    threads=_threads(sum(len(a) for a in spec.values())),
+                    collective=False,
+                )
+            for task, proc in procs.items():
+                proc.wait_for(
+                    lambda p=proc: p.state not in (TaskState.ASSIGNING, TaskState.SPARE),
+                    max(0.1, deadline - time.monotonic()),
+                )
+                if proc.state is not TaskState.RUNNING:
+                    why = proc.failure or f"still {proc.state}"
+                    raise cluster._failure(task, proc, f"could not join: {why}", timed_out="still" in why)
+                cluster._check_serving(task, proc, new.address(task))
+        except BaseException:
+            for proc in procs.values():
+                proc.kill()
+            raise
+        old_defn, old_shape = cluster.cluster_def, cluster.shape
+        cluster.procs.update(procs)
+        cluster.cluster_def = new
+        cluster.shape = _shape(new, cluster.shape)
+        for task, proc in procs.items():
+            cluster._watch(task, proc)
+        try:
+            if client.is_connected(cluster.id):
+                cluster.connect()
+        except BaseException:
+            for task, proc in procs.items():
+                cluster.procs.pop(task, None)
+                if proc.pid is not None:
+                    cluster._killed_on_purpose.add(proc.pid)
+                proc.kill()
+            cluster.cluster_def, cluster.shape = old_defn, old_shape
+            if client.is_connected(cluster.id) or client.generation():
+                try:
+                    cluster.connect(force=True)
+                except Exception:  # noqa: BLE001 - the first error is the one to report
+                    pass
+            raise
+        seconds = time.monotonic() - t0
+    for task, proc in procs.items():
+        how = "a warm spare" if proc.warm_at is not None and warm else "a new process"
+        cluster.emit("joined", task, f"{how}, pid {proc.pid}, on {new.address(task)}")
+    if cluster.use_spares:
+        cluster.pool.fill_later(cluster.launcher, count)  # ready for the next add
+    return Added(tasks, seconds, warm=warm, cold=count - warm)
+
+
+def remove(cluster, task: str | TaskName, drain: bool = False, timeout: float = RELEASE_TIMEOUT) -> Removed:
+    """End ``task`` (the highest-numbered worker) after the runs using it are done with it.
+
+    ``drain=True``: a run lets the worker finish the step it is computing
+    (applied and recorded); ``drain=False``: the step not yet applied is
+    dropped.  A call already running on the worker is never cut in half
+    either way (ending a worker inside its apply could count an update that
+    was never applied): the runs stop giving it work and say when their
+    last call returned.  The others keep their indices and their state.
+    """
+    defn = cluster._need_running()
+    _check_owned(cluster)
+    t = cluster.check_task(task)
+    if t.job != "worker":
+        raise BadClusterShape(
+            f"removing {t} is not supported: a ps holds variables that would be lost (moving them away first "
+            "is not done yet); only workers can be removed"
+        )
+    workers = defn.jobs.get("worker", [])
+    if len(workers) <= 1:
+        raise BadClusterShape(f"{t} is the last worker: a cluster needs at least one; stop it instead")
+    last = TaskName("worker", len(workers) - 1)
+    if t != last:
+        raise BadClusterShape(
+            f"only the highest-numbered worker can be removed ({last}), so the other tasks keep their "
+            f"indices; remove {last} instead (its shard of the data goes with it, nothing else)"
+        )
+    if cluster.collective:
+        raise BadClusterShape("a collective (all-reduce) cluster's workers form one group fixed at start")
+    t0 = time.monotonic()
+    key = (cluster.id, str(t))
+    if key in _departures:
+        raise BadClusterShape(f"{t} is already being removed")
+    dep = _departures[key] = Departure(t, drain)
+    try:
+        cluster.emit("leaving", t, "finishing its current step" if drain else "its step under way is dropped")
+        holders = dep.wait(timeout)
+        waited = time.monotonic() - t0
+        notes = (
+            [f"{', '.join(holders)} did not let go of {t} within {timeout:g} s; it was removed anyway"]
+            if holders
+            else []
+        )
+        with cluster._lock:
+            answers = cluster.procs[t].alive and not cluster.condition(t).startswith(
+                ("stopped", "not answering")
+            )
+            proc = cluster.procs.pop(t)
+            if proc.pid is not None:
+                cluster._killed_on_purpose.add(proc.pid)
+            jobs = defn.as_dict()
+            jobs["worker"] = jobs["worker"][:-1]
+            cluster.cluster_def = ClusterDef.from_mapping(jobs)
+            cluster.shape = _shape(cluster.cluster_def, cluster.shape)
+            cluster.slowness.pop(t, None)
+            if cluster.pace is not None:
+                cluster.pace.set_slowdown(t, 1)
+            # Out of the connection first while it answers (TensorFlow closes its context there; ended
+            # first, that close fails loudly on stderr); a task that does not answer is ended first.
+            if not answers:
+                proc.kill()
+            if client.is_connected(cluster.id):
+                cluster.connect()
+            proc.kill()
+    finally:
+        _departures.pop(key, None)
+    cluster.emit("left", t, f"process {proc.pid} ended" + (" after its step" if drain else ""))
+    return Removed(t, time.monotonic() - t0, drain, waited, notes)
+
+
+def _check_memory(cluster, count: int) -> None:
+    """Say before starting anything when the new tasks will not fit (local tasks only)."""
+    from .launchers.local import LocalLauncher
+    from .memory import check_fits
+
+    if not isinstance(cluster.launcher, LocalLauncher):
+        return
+    warm = cluster.pool.count(cluster.launcher) if cluster.use_spares else 0
+    if count > warm:
+        check_fits(count - warm, cluster.pool.spare_cost() if cluster.use_spares else 200 * 2**20)
+
+
+def _shape(defn: ClusterDef, old: ClusterShape) -> ClusterShape:
+    s = defn.shape()
+    return ClusterShape(ps=s.ps, workers=s.workers, chief=old.chief)
+
+
+def _threads(tasks_on_host: int) -> dict[str, int]:
+    import os
+
+    cores = os.cpu_count() or 1
+    share = max(1, cores // max(1, tasks_on_host))
+    return {"intra": share, "inter": max(2, share)}
+
+
+__all__ = ["Added", "Departure", "Removed", "add", "departure", "remove"]
