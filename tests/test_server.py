@@ -490,6 +490,59 @@ def test_nobody_watching_costs_no_drawing(server, trained):
     )
 
 
+@pytest.mark.browser
+def test_tensorboard_displays_inside_a_jupyterlab_notebook(server, trained, page):
+    """The one-liner's output in JupyterLab: TensorBoard in a frame, through the proxy, runs listed."""
+    _, logdir = trained
+    cell = {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None}
+    cell["source"] = f"import tfmagic\ntfmagic.tensorboard.show({str(logdir)!r})"
+    nb = {
+        "cells": [cell],
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+    (server.work / "tb.ipynb").write_text(json.dumps(nb))
+    server_proc = psutil.Process(server.proc.pid)
+
+    def session():
+        return next((s for s in server.api("GET", "api/sessions") if s["path"] == "tb.ipynb"), None)
+
+    def idle():
+        dialog = page.locator(".jp-Dialog", has_text="Select Kernel")
+        if dialog.count() and dialog.first.is_visible():
+            dialog.locator(".jp-mod-accept").first.click()
+        s = session()
+        return s is not None and (s.get("kernel") or {}).get("execution_state") == "idle"
+
+    kernel_pids: list[int] = []
+    try:
+        page.goto(f"{server.url}lab/tree/tb.ipynb?reset")
+        poll_for(idle, 180, interval=0.5, what="the notebook's kernel to start and be idle")
+        kernel_id = session()["kernel"]["id"]
+        kernel_pids = [p.pid for p in server_proc.children() if any(kernel_id in a for a in p.cmdline())]
+        page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+        page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()
+        frame = page.frame_locator(".jp-OutputArea-output iframe")
+        frame.get_by_text("async/worker-0").first.wait_for(timeout=180_000)
+        src = page.locator(".jp-OutputArea-output iframe").first.get_attribute("src")
+        assert re.fullmatch(r"/user/test/proxy/\d+/", src), src
+        page.wait_for_timeout(2000)
+        page.screenshot(path=str(ARTIFACTS / "jupyterlab-tensorboard.png"))
+    finally:
+        boards = [
+            c.pid
+            for k in kernel_pids
+            for c in psutil.Process(k).children()
+            if any(a.startswith("--logdir=") for a in c.cmdline())
+        ]
+        s = session()
+        if s is not None:
+            server.api("DELETE", f"api/sessions/{s['id']}")
+        assert_gone(kernel_pids + boards, timeout=30)
+        page.goto(f"{server.url}tfmagic/")
+
+
 @pytest.mark.kernel
 def test_tensorboards_own_magic_goes_through_the_proxy(server, trained):
     """%tensorboard reads TENSORBOARD_PROXY_URL, which the extension set for its kernels."""
