@@ -121,6 +121,14 @@ def _check_owned(cluster) -> None:
         )
 
 
+def _check_launcher(cluster) -> None:
+    if cluster.launcher.name == "spark":
+        raise BadClusterShape(
+            "a Spark cluster's tasks run as one barrier job fixed at start: a task cannot join or leave it. "
+            "Start a bigger (or smaller) one instead: %tf_cluster start --backend spark ... --replace"
+        )
+
+
 def add(cluster, job: str = "worker", count: int = 1, timeout: float | None = None) -> Added:
     """Start ``count`` new ``job`` tasks (warm spares first) and connect them in place.
 
@@ -130,6 +138,7 @@ def add(cluster, job: str = "worker", count: int = 1, timeout: float | None = No
     """
     defn = cluster._need_running()
     _check_owned(cluster)
+    _check_launcher(cluster)
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise BadClusterShape(f"count must be a whole number >= 1, not {count!r}; for example count=1")
     if job == "ps":
@@ -243,6 +252,7 @@ def remove(cluster, task: str | TaskName, drain: bool = False, timeout: float = 
     """
     defn = cluster._need_running()
     _check_owned(cluster)
+    _check_launcher(cluster)
     t = cluster.check_task(task)
     if t.job != "worker":
         raise BadClusterShape(

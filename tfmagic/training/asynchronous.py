@@ -45,7 +45,7 @@ class AsyncLoop:
 
     def run(self) -> None:
         """Every worker steps on its own until the ps has counted ``steps`` updates."""
-        for w in self.policy.workers.values():
+        for w in self.policy.members():
             w.thread = threading.Thread(
                 target=with_own_executor(self.work), args=(w,), name=f"tfmagic-async-{w.task}", daemon=True
             )

@@ -120,7 +120,7 @@ class SyncLoop:
 
     # -- the workers' side ------------------------------------------------------
     def start_workers(self) -> None:
-        for w in self.policy.workers.values():
+        for w in self.policy.members():
             w.thread = threading.Thread(
                 target=with_own_executor(self.work), args=(w,), name=f"tfmagic-sync-{w.task}", daemon=True
             )
@@ -142,11 +142,11 @@ class SyncLoop:
         """A worker's thread: for each new step, one call that computes its gradient there."""
         import tensorflow as tf
 
-        while not self.control.stopping and not w.dropping:
+        while not self.control.stopping and not (w.dropping or w.retired):
             with self.control.cond:
                 while not self.control.stopping and self.current <= w.last_step and not w.dropping:
                     self.control.cond.wait(0.2)
-            if self.control.stopping or w.dropping:
+            if self.control.stopping or w.dropping or w.retired:
                 return
             if (w.lost or w.rebuild) and not self.policy.wait_rejoin(w):
                 continue
