@@ -196,3 +196,12 @@ def test_06_classic_experiments():
         assert re.search(rf"^{re.escape(name)}\s+holds\s", text, re.M), f"{name}:\n{text[-3000:]}"
     assert _number(text, r"peak memory of this notebook's experiments: ([\d.]+) GB") <= 1.8
     assert _number(text, r"longest experiment: ([\d.]+) s") <= 150
+
+
+def test_07_inside_the_cluster():
+    text = outputs(execute("07_inside_the_cluster.ipynb"))
+    assert "Traceback" not in text and "UsageError" not in text
+    assert re.search(r"ps:0: \d+ variables, .*9\d% of the ps bytes", text), text[:3000]
+    assert "steps run: worker:0" in text and "worker:1" in text
+    assert "ps-bottleneck (seed 0): the claim holds" in text, text[-4000:]
+    assert "it is stopped (SIGSTOP" in text and "kill -CONT" in text

@@ -38,10 +38,10 @@ CLAIM = Claim(
 
 BLOCKS = 4
 BLOCK = 250_000  # floats per block: 4 MB in all, read and written once per step
-RATE = "100mbit"
+RATE = "50mbit"
 DELAY = "1ms"
 WORKERS = 2
-UPDATES = 16
+UPDATES = 12
 
 
 class Ballast(Model):
@@ -117,7 +117,7 @@ def measure(lab: Lab) -> Finding:
         f["comm"] = max(f["shaped"] - rest, 1e-9)
     ratio = found[1]["comm"] / found[2]["comm"]
     bytes_per_step = 2 * (BLOCKS * BLOCK + 2) * 4
-    model_s = bytes_per_step / 2 / (100e6 / 8)  # one direction's bytes over one direction's rate
+    model_s = bytes_per_step / 2 / (50e6 / 8)  # one direction's bytes over one direction's rate
     measured = {
         "update time, 1 ps, shaped (s)": found[1]["shaped"],
         "update time, 1 ps, unlimited (s)": found[1]["free"],

@@ -1,0 +1,141 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 07 · Inside the cluster: where variables live, what moves, who waits
+#
+# Seed article 002 reads `ps0.out` and `worker0.out` to find out whether the nodes really
+# cooperated. Here you look inside while it runs:
+#
+# 1. **the placement map**: every variable, on which task, and each ps's share of the bytes;
+# 2. **traffic, measured**: bytes on every link, from the operating system's TCP counters;
+# 3. **the ps bottleneck**: a modelled network card on the ps, and what a second ps shard does;
+# 4. **the hang doctor**: who waits on whom, and why, while something is stuck.
+#
+# ```
+#                 kernel (the client: %tf_train, %%tf_device)
+#                /        |         \
+#          worker:0    worker:1    ...        each step: read every parameter from the ps,
+#                \        |        /          write a gradient of the same size back
+#                 ps:0  (ps:1 ...)            the variables live here
+# ```
+#
+# **Predict before you run each part**; the questions are in bold.
+
+# %%
+# %load_ext tfmagic
+import tfmagic
+from tfmagic import session
+
+# %% [markdown]
+# ## 1 · The placement map
+# A cluster with **two** ps, and a run of the digits classifier (64 → 32 → 10). The engine places the
+# model's variables round-robin over the ps tasks in the order the model makes them.
+#
+# **Predict:** which ps holds `hidden/kernel` (64 × 32 floats), and what share of the bytes does it hold?
+
+# %%
+# %tf_cluster start --ps 2 --workers 2
+# %tf_train --mode async --steps 200 --model digits --wait
+# %tf_cluster map
+
+# %% [markdown]
+# Round-robin by order is not round-robin by size: one ps holds nearly all the bytes, and the map
+# says so. Every worker reads and writes there each step, so that ps's network card is the
+# bottleneck. The `steps run` line is the proof that both workers cooperated: each ran its share.
+#
+# ## 2 · Traffic, measured
+# The bytes each process sent to each other process since the cluster started, read from the
+# kernel's TCP counters (`ss`), not estimated from tensor sizes.
+#
+# **Predict:** per step, a worker reads all 2,410 parameters (9.6 kB) and writes a gradient of the
+# same size. About how many bytes should the two workers have sent to the ps after the run above?
+
+# %%
+cluster = tfmagic.current_cluster()
+history = session.default().last_run.history
+t = cluster.traffic()
+print(t)
+to_ps = sum(r["bytes"] for r in t if r["src"].startswith("worker") and r["dst"].startswith("ps"))
+steps = len(history.records)
+print(f"\nworkers -> ps: {to_ps / 1e6:.2f} MB over {steps} steps = {to_ps / steps / 1e3:.1f} kB per step")
+print("the model's gradient: 2,410 floats = 9.6 kB per step (the rest: gRPC framing, the step's calls)")
+
+# %% [markdown]
+# gRPC adds framing and each call carries its own small messages, so with a model this small the
+# measured bytes are some 40 % more than the gradient; with a model of 300k parameters (1.2 MB)
+# the framing is lost in the tensor, and the tests check the measured bytes against the model's
+# within 30 %.
+#
+# ## 3 · The parameter-server bottleneck
+# Loopback moves gigabytes a second, so on one machine the ps is never the bottleneck. A **modelled
+# network card** makes it one: `--net "ps:* rate=50mbit"` puts each ps behind a relay that passes
+# 50 Mbit/s each way (no root needed). The experiment `ps-bottleneck` trains a model of 1M
+# parameters (4 MB read and 4 MB written per step) with one ps, then with two.
+#
+# **Predict:** with one ps at 50 Mbit/s (6.25 MB/s each way), how long does an update's
+# communication take? And with two ps, each with its own card?
+
+# %%
+import tfmagic.experiments as experiments
+
+# %tf_cluster stop
+bottleneck = experiments.run("ps-bottleneck", seed=0)
+print(bottleneck)
+
+# %% [markdown]
+# 4 MB at 6.25 MB/s is 0.64 s per update with one ps; two shards carry 2 MB each, in parallel.
+# You can shape a running cluster's cards live too: `%tf_cluster net ps:0 --rate 50mbit --delay 2ms`.
+#
+# ## 4 · The hang doctor
+# A sync step waits for every worker. Stop one with SIGSTOP (as a crashed VM or a full disk would)
+# and ask why nothing moves.
+#
+# **Predict:** what will the doctor name as the cause, and what should you do next?
+
+# %%
+import os
+import signal
+import time
+
+# %tf_cluster start --ps 1 --workers 2
+run = tfmagic.train(tfmagic.current_cluster(), mode="sync", steps=100_000, model="digits", block=False)
+while len(run.history.records) < 40:  # past its warm-up, stepping
+    time.sleep(0.2)
+stuck = tfmagic.current_cluster().procs["worker:1"]
+os.kill(stuck.task_pid, signal.SIGSTOP)
+time.sleep(3)
+
+# %%
+# %tf_cluster why
+
+# %%
+os.kill(stuck.task_pid, signal.SIGCONT)
+run.stop()
+print(run)
+# %tf_cluster stop
+
+# %% [markdown]
+# The doctor reads what tfmagic knows: which calls wait on which task (the engine, cells and starts
+# note each wait), each task's process state, its channel and its log. `--stacks` adds every task's
+# Python stacks, collected over tfmagic's own channel.
+#
+# ## Exercises
+# 1. Start `--ps 2` and train `tfmagic.training.models.Digits(hidden=4096)` (300k parameters). Compare
+#    `cluster.traffic()` per step with the model's size. Which ps carries the traffic, and why?
+# 2. In the bottleneck experiment, what would four ps shards give, and when does adding shards stop
+#    helping? (Hint: what else does an update cost when the network is fast?)
+# 3. Run a `%%tf_px --targets worker:1` cell with a TF1 `MonitoredTrainingSession(is_chief=False)` and
+#    no chief. What does `%tf_cluster why` say? What does TensorFlow itself print, and after how long?
