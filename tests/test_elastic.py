@@ -6,6 +6,7 @@ spares); every test leaves it at 1 ps + 2 workers.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import pytest
@@ -40,6 +41,11 @@ def two_workers(cluster):
     yield cluster
     while len(cluster.tasks("worker")) > 2:
         cluster.remove(cluster.tasks("worker")[-1])
+    from tfmagic.errors import TfmagicError
+
+    with contextlib.suppress(TfmagicError):  # a ps still holding variables stays (the last test's)
+        while len(cluster.tasks("ps")) > 1:
+            cluster.remove(cluster.tasks("ps")[-1])
 
 
 def _applied(history, task) -> int:
@@ -100,8 +106,8 @@ def test_bad_input_is_one_line_and_leaves_the_cluster_as_it_was(two_workers):
         cluster.remove("worker:0")
     with pytest.raises(TfmagicError, match="not a job"):
         cluster.add("chief")
-    with pytest.raises(TfmagicError, match="ps"):
-        cluster.add("ps")
+    with pytest.raises(TfmagicError, match="last ps"):
+        cluster.remove("ps:0")
     with pytest.raises(TfmagicError, match="count"):
         cluster.add("worker", count=0)
     with pytest.raises(TfmagicError, match="not in this cluster"):
@@ -223,3 +229,39 @@ def test_twenty_add_remove_cycles_during_async_leave_no_orphan_and_lose_no_updat
     spares = {p.pid for p in cluster.pool.processes()}
     left = set(task_processes()) - before - spares - {p.pid for p in cluster.procs.values()}
     poll_for(lambda: not (set(task_processes()) & left), 15, what=f"no orphan of the cycles ({left})")
+
+
+def test_a_ps_added_while_idle_takes_the_next_runs_variables_and_goes_only_when_empty(two_workers):
+    import gc
+
+    import tensorflow as tf
+
+    import tfmagic
+    from tfmagic.errors import TfmagicError
+
+    cluster = two_workers
+    cluster.connect()
+    with cluster.device("ps:0"):
+        v = tf.Variable(7.0)
+    pids = {t: p.pid for t, p in cluster.procs.items()}
+    cluster.add("ps")
+    assert cluster.shape.ps == 2 and {t: cluster.procs[t].pid for t in pids} == pids
+    with cluster.device("ps:1"):
+        w = tf.Variable(1.0)
+    assert float((w + v).numpy()) == 8.0
+    with pytest.raises(TfmagicError, match="holds 1 variable"):
+        cluster.remove("ps:1")
+    del w
+    gc.collect()
+    pid = cluster.procs["ps:1"].pid
+    cluster.remove("ps:1")
+    assert_gone([pid])
+    assert cluster.shape.ps == 1 and float(v.numpy()) == 7.0
+
+    cluster.add("ps")
+    history = tfmagic.train(cluster, "async", steps=60, name="elastic-ps")
+    assert history.steps == 60
+    held = {str(r.task) for r in cluster.placement().rows if "elastic-ps" in r.owner}
+    assert held == {"ps:0", "ps:1"}  # the next run spread its variables over both
+    with pytest.raises(TfmagicError, match="holds"):
+        cluster.remove("ps:1")  # they would be lost

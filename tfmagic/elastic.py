@@ -25,8 +25,11 @@ it steps and say when they are done with it, see :class:`Departure`) and
 :mod:`tfmagic.training.failures`); ``status`` and the dashboard read the
 cluster's tasks, which change with them.
 
-Adding ps tasks (re-spreading the variables) is not done yet: refused with
-a message saying so.
+A ps can be added too, but the variables do not move: a run that trains
+now keeps its variables where they are, and the next run spreads its own
+over every ps.  Re-spreading a running run's variables (with a pause, and
+the bytes moved reported) is not done yet; so a ps can only be removed
+while it holds no variable (the placement map says which it holds).
 """
 
 from __future__ import annotations
@@ -141,14 +144,10 @@ def add(cluster, job: str = "worker", count: int = 1, timeout: float | None = No
     _check_launcher(cluster)
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise BadClusterShape(f"count must be a whole number >= 1, not {count!r}; for example count=1")
-    if job == "ps":
-        raise BadClusterShape(
-            "adding a ps (spreading the variables over one more task) is not supported yet; start a cluster "
-            "with more ps instead: %tf_cluster start --ps N --workers M --replace"
-        )
-    if job != "worker":
+    if job not in ("worker", "ps"):
         raise UnknownTask(
-            f"{job!r} is not a job tfmagic can add to; add workers: cluster.add('worker') or %tf_cluster add worker"
+            f"{job!r} is not a job tfmagic can add to; add workers or ps: cluster.add('worker') or "
+            "%tf_cluster add worker"
         )
     if cluster.collective:
         raise BadClusterShape(
@@ -192,7 +191,7 @@ def add(cluster, job: str = "worker", count: int = 1, timeout: float | None = No
                     spec,
                     env=cluster.task_env(task),
                     log=cluster.launcher.task_log(log),
-                    cpu_only=False,
+                    cpu_only=task.job == "ps",
                     threads=_threads(sum(len(a) for a in spec.values())),
                     collective=False,
                 )
@@ -206,17 +205,19 @@ def add(cluster, job: str = "worker", count: int = 1, timeout: float | None = No
                     raise cluster._failure(task, proc, f"could not join: {why}", timed_out="still" in why)
                 cluster._check_serving(task, proc, new.address(task))
         except BaseException:
-            for proc in procs.values():
+            for proc in [*procs.values(), *taken]:
                 proc.kill()
             raise
+        warm_pids = {p.pid for p in procs.values() if p.warm_at is not None} if warm else set()
         old_defn, old_shape = cluster.cluster_def, cluster.shape
         cluster.procs.update(procs)
         cluster.cluster_def = new
         cluster.shape = _shape(new, cluster.shape)
         for task, proc in procs.items():
             cluster._watch(task, proc)
+        was_connected = client.is_connected(cluster.id)
         try:
-            if client.is_connected(cluster.id):
+            if was_connected:
                 cluster.connect()
         except BaseException:
             for task, proc in procs.items():
@@ -225,7 +226,7 @@ def add(cluster, job: str = "worker", count: int = 1, timeout: float | None = No
                     cluster._killed_on_purpose.add(proc.pid)
                 proc.kill()
             cluster.cluster_def, cluster.shape = old_defn, old_shape
-            if client.is_connected(cluster.id) or client.generation():
+            if was_connected:
                 try:
                     cluster.connect(force=True)
                 except Exception:  # noqa: BLE001 - the first error is the one to report
@@ -233,7 +234,7 @@ def add(cluster, job: str = "worker", count: int = 1, timeout: float | None = No
             raise
         seconds = time.monotonic() - t0
     for task, proc in procs.items():
-        how = "a warm spare" if proc.warm_at is not None and warm else "a new process"
+        how = "a warm spare" if proc.pid in warm_pids else "a new process"
         cluster.emit("joined", task, f"{how}, pid {proc.pid}, on {new.address(task)}")
     if cluster.use_spares:
         cluster.pool.fill_later(cluster.launcher, count)  # ready for the next add
@@ -241,7 +242,7 @@ def add(cluster, job: str = "worker", count: int = 1, timeout: float | None = No
 
 
 def remove(cluster, task: str | TaskName, drain: bool = False, timeout: float = RELEASE_TIMEOUT) -> Removed:
-    """End ``task`` (the highest-numbered worker) after the runs using it are done with it.
+    """End ``task`` (the highest-numbered worker, or ps holding no variable) once the runs using it let go.
 
     ``drain=True``: a run lets the worker finish the step it is computing
     (applied and recorded); ``drain=False``: the step not yet applied is
@@ -254,20 +255,29 @@ def remove(cluster, task: str | TaskName, drain: bool = False, timeout: float = 
     _check_owned(cluster)
     _check_launcher(cluster)
     t = cluster.check_task(task)
-    if t.job != "worker":
+    if t.job not in ("worker", "ps"):
+        raise BadClusterShape(f"only workers and ps can be removed, not {t}")
+    peers = defn.jobs.get(t.job, [])
+    if len(peers) <= 1:
         raise BadClusterShape(
-            f"removing {t} is not supported: a ps holds variables that would be lost (moving them away first "
-            "is not done yet); only workers can be removed"
+            f"{t} is the last {t.job}: the cluster needs it (its variables live there)"
+            if t.job == "ps"
+            else f"{t} is the last worker: a cluster needs at least one; stop it instead"
         )
-    workers = defn.jobs.get("worker", [])
-    if len(workers) <= 1:
-        raise BadClusterShape(f"{t} is the last worker: a cluster needs at least one; stop it instead")
-    last = TaskName("worker", len(workers) - 1)
+    last = TaskName(t.job, len(peers) - 1)
     if t != last:
         raise BadClusterShape(
-            f"only the highest-numbered worker can be removed ({last}), so the other tasks keep their "
-            f"indices; remove {last} instead (its shard of the data goes with it, nothing else)"
+            f"only the highest-numbered {t.job} can be removed ({last}), so the other tasks keep their "
+            f"indices; remove {last} instead"
         )
+    if t.job == "ps":
+        held = [r.name for r in cluster.placement().rows if r.task == t]
+        if held:
+            raise BadClusterShape(
+                f"{t} holds {len(held)} variable(s) ({', '.join(held[:3])}{', ...' if len(held) > 3 else ''}): "
+                "removing it would lose them, and moving them away first is not done yet. Let the runs "
+                "that made them end and be forgotten, or keep it"
+            )
     if cluster.collective:
         raise BadClusterShape("a collective (all-reduce) cluster's workers form one group fixed at start")
     t0 = time.monotonic()
@@ -292,7 +302,7 @@ def remove(cluster, task: str | TaskName, drain: bool = False, timeout: float = 
             if proc.pid is not None:
                 cluster._killed_on_purpose.add(proc.pid)
             jobs = defn.as_dict()
-            jobs["worker"] = jobs["worker"][:-1]
+            jobs[t.job] = jobs[t.job][:-1]
             cluster.cluster_def = ClusterDef.from_mapping(jobs)
             cluster.shape = _shape(cluster.cluster_def, cluster.shape)
             cluster.slowness.pop(t, None)

@@ -388,7 +388,7 @@ class ClusterMagics(Magics):
 
     # -- membership -----------------------------------------------------------
     @verb("add tasks to the running cluster (a warm spare where one exists); nothing else restarts")
-    @arg("job", nargs="?", default=None, help="worker")
+    @arg("job", nargs="?", default=None, help="worker or ps")
     @arg("--count", type=count, default=1, help="how many (default 1)")
     def cmd_add(self, args):
         cluster = _need_cluster("add to")
@@ -410,7 +410,7 @@ class ClusterMagics(Magics):
             f"the cluster has {cluster.shape.describe()}."
         )
 
-    @verb("remove the highest-numbered worker; --drain lets it finish its current step first")
+    @verb("remove the highest-numbered worker (or an empty ps); --drain lets a worker finish its step first")
     @arg("task", nargs="?", default=None, help="worker:2")
     @arg("--drain", action="store_true", help="finish its step under way (default: drop it unapplied)")
     def cmd_remove(self, args):
