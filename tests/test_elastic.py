@@ -265,3 +265,39 @@ def test_a_ps_added_while_idle_takes_the_next_runs_variables_and_goes_only_when_
     assert held == {"ps:0", "ps:1"}  # the next run spread its variables over both
     with pytest.raises(TfmagicError, match="holds"):
         cluster.remove("ps:1")  # they would be lost
+
+
+def test_ssh_cluster_grows_and_shrinks_in_place(no_leaks):
+    """The same path through the SSH launcher: a private sshd on loopback (tests/sshhosts.py)."""
+    import sys
+
+    import tensorflow as tf
+
+    import tfmagic
+
+    from . import sshhosts
+
+    reason = sshhosts.skip_reason()
+    if reason:
+        pytest.skip(reason)
+    hosts = sshhosts.loopback_host()
+    cluster = tfmagic.SSHCluster(
+        hosts.aliases, ps=1, workers=1, python=sys.executable, ssh_config=hosts.config, name="ssh-elastic"
+    )
+    try:
+        cluster.start()
+        cluster.connect()
+        with cluster.device("ps:0"):
+            v = tf.Variable(2.0)
+        cluster.add("worker")
+        assert cluster.launcher.name == "ssh" and cluster.shape.workers == 2
+        with cluster.device("worker:1"):
+            assert float((v * 3.0).numpy()) == 6.0
+        pid = cluster.procs["worker:1"].task_pid
+        cluster.remove("worker:1")
+        assert_gone([pid])
+        with cluster.device("worker:0"):
+            assert float((v + 1.0).numpy()) == 3.0
+    finally:
+        cluster.close()
+        hosts.close()
