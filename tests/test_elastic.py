@@ -301,3 +301,13 @@ def test_ssh_cluster_grows_and_shrinks_in_place(no_leaks):
     finally:
         cluster.close()
         hosts.close()
+
+
+@pytest.mark.unit
+def test_membership_events_are_marked_on_the_dashboard():
+    from tfmagic.dashdata import MAJOR, place_event
+    from tfmagic.events import Event
+
+    assert "joined" in MAJOR and "left" in MAJOR
+    mark = place_event(Event(10.0, "joined", "worker:3", "3 replicas per update from here", 412), 0.0, None)
+    assert (mark.step, mark.label) == (412, "worker:3 joined")

@@ -140,7 +140,7 @@ class Mark:
 STALE_MODES = ("async", "ssp")
 
 #: Events drawn as lines with a label; others (many per run) as small ticks.
-MAJOR = ("slow", "kill", "restart", "lost", "rejoin", "resume", "error")
+MAJOR = ("slow", "kill", "restart", "lost", "rejoin", "resume", "error", "joined", "left")
 
 
 def place_event(event, origin: float, last_step: float | None) -> Mark:
