@@ -75,8 +75,9 @@ def test_async_staleness_histogram_centres_on_workers_minus_one(paced):
     assert snap["mean_staleness"] == pytest.approx(2.0, abs=0.35), snap["staleness"]
     assert sum(snap["staleness"].values()) == pytest.approx(1.0)
     assert max(snap["staleness"], key=snap["staleness"].get) == 2, "the most common staleness is N - 1"
-    (text,) = [a.get_text() for key, a in dash._lines.items() if key[0] == "stale-text"]
-    assert text.startswith("async: mean ") and "(workers - 1 = 2)" in text
+    assert f"mean staleness {snap['mean_staleness']:.2f} (workers - 1 = 2)" in dash.header_html()
+    (mean,) = [a for key, a in dash._lines.items() if key[0] == "stale-mean"]
+    assert mean.get_data()[0][0] == pytest.approx(snap["mean_staleness"])
     name, t0, t1, rows = dash.gantt()
     shares = GanttTrace.shares(t0, t1, rows)
     assert all(row["wait"] == 0 for row in shares.values()), "nobody waits in async"

@@ -263,8 +263,9 @@ def test_staleness_histogram_counts_async_and_ssp_steps_after_warm_up_only():
     assert RunTrace(_sync_history(), origin=0.0).copy()["staleness"] is None, "sync has no staleness"
     dash = Dashboard(None, runs=[h])
     dash.draw()
-    texts = [a.get_text() for k, a in dash._lines.items() if k[0] == "stale-text"]
-    assert texts == ["async: mean 1.75 (workers - 1 = 2)"]
+    (mean,) = [a for k, a in dash._lines.items() if k[0] == "stale-mean"]
+    assert list(mean.get_data()[0]) == pytest.approx([520 / 297] * 2), "the dotted line at the mean"
+    assert "mean staleness 1.75 (workers - 1 = 2)" in dash.header_html()
 
 
 def test_comparison_table_says_examples_consumed_and_warm_up():

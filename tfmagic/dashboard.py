@@ -31,7 +31,7 @@ import weakref
 from collections import deque
 from pathlib import Path
 
-from .dashdata import MAJOR, Mark, RollingRate, RunTrace, place_event
+from .dashdata import MAJOR, STALE_MODES, Mark, RollingRate, RunTrace, place_event
 from .events import Event
 from .metrics import Evaluation, GlobalStep, StepRecord
 from .procstats import human_bytes
@@ -248,7 +248,7 @@ class Dashboard:
                     "seconds before the latest step",
                 ),
                 "stale": (
-                    "staleness of applied gradients (async, SSP)",
+                    "staleness of applied gradients (dotted: the mean)",
                     "updates by others between read and apply",
                 ),
             }
@@ -365,7 +365,7 @@ class Dashboard:
         # few, large steps: measured, a 3,000-step run redrew 8 times when they doubled.
         lim["tp_x"] = grow(lim.get("tp_x", 30.0), max(xs_tp))
         lim["tp_x0"] = min([0.0] + [a - self._offset() for a, _ in self._warmups()])
-        lim["tp_y"] = grow(lim.get("tp_y", 5.0), max(ys_tp), 2.0)
+        lim["tp_y"] = grow(lim.get("tp_y", 5.0), max(ys_tp), 4.0)  # rates ramp up over the window
         if self.x == "seconds":
             lim["loss_x"] = grow(lim.get("loss_x", 30.0), max(xs_loss))
         else:
@@ -523,7 +523,10 @@ class Dashboard:
             )
             bars.set_verts(verts[kind])
         span = max(t1 - t0, 1e-3)
-        nice = 2.0 ** math.ceil(math.log2(span))  # changes when the span doubles or halves
+        nice = 2.0 ** math.ceil(math.log2(span))
+        current = self._lim.get("gantt_x")
+        if current is not None and current / 4 <= nice <= current:
+            nice = current  # grows at once, shrinks only when 4x too wide: spans that wobble redraw nothing
         changed = False
         if (tasks, name) != self._gantt_rows:
             self._gantt_rows = (tasks, name)
@@ -544,7 +547,7 @@ class Dashboard:
         """Per async/SSP run: the share of applied gradients of each staleness, and the mean."""
         ax = self._ax["stale"]
         shown = [tr for tr in traces if tr["staleness"] is not None]
-        for i, tr in enumerate(shown):
+        for tr in shown:
             color = MODE_COLORS.get(tr["mode"])
             frac = tr["staleness"]
             xs = list(range(max(frac) + 1)) if frac else []
@@ -555,14 +558,7 @@ class Dashboard:
             self._line(("stale-mean", tr["name"]), ax, color=color, ls=":", lw=1.5).set_data(
                 [mean, mean] if mean is not None else [], [0, 1] if mean is not None else []
             )
-            hint = f" (workers - 1 = {tr['workers'] - 1})" if tr["workers"] > 1 else ""
-            text = self._artist(
-                ("stale-text", tr["name"]),
-                lambda i=i, color=color: ax.text(
-                    0.98, 0.6 - 0.12 * i, "", transform=ax.transAxes, ha="right", fontsize=8, color=color
-                ),
-            )
-            text.set_text("" if mean is None else f"{tr['name']}: mean {mean:.2f}{hint}")
+            # the mean's value is in the header: text drawn every frame cost as much as all the lines
 
     def _draw_marks(self, traces, offset: float = 0.0) -> bool:
         """Vertical lines for events and warm-up spans; redrawn only when they change."""
@@ -692,6 +688,10 @@ class Dashboard:
             loss = f", loss {h.global_steps[-1].loss:.4f}" if h.global_steps else ""
             if tr.last_eval is not None:
                 loss += f", held-out {tr.last_eval[1]:.4f}"
+            mean = tr.stale.mean() if tr.mode in STALE_MODES else None
+            if mean is not None:
+                hint = f" (workers - 1 = {len(h.workers) - 1})" if len(h.workers) > 1 else ""
+                loss += f", mean staleness {mean:.2f}{hint}"
             warm = getattr(h, "warmup_s", None)
             seen = f", {tr.examples:,} examples" if tr.examples else ""
             seen += f", warm-up {warm:.1f} s" if warm is not None else ""
