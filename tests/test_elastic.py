@@ -311,3 +311,32 @@ def test_membership_events_are_marked_on_the_dashboard():
     assert "joined" in MAJOR and "left" in MAJOR
     mark = place_event(Event(10.0, "joined", "worker:3", "3 replicas per update from here", 412), 0.0, None)
     assert (mark.step, mark.label) == (412, "worker:3 joined")
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_a_ps_added_during_training_takes_its_share_of_the_variables(two_workers, mode):
+    import tfmagic
+
+    cluster = two_workers
+    run = tfmagic.train(
+        cluster, mode, model="digits", steps=10**6, block=False, name=f"elastic-respread-{mode}"
+    )
+    try:
+        poll_for(lambda: run.history.steps > 50, 120, what=f"{mode} to start stepping")
+        cluster.add("ps")
+        n_ps = cluster.shape.ps
+        poll_for(lambda: [e for e in run.history.events if e.kind == "respread"], 60, what="the re-spread")
+        n = run.history.steps
+        poll_for(lambda: run.history.steps > n + 50, 60, what=f"{mode} to go on after the re-spread")
+        where = [v.device.split("/device")[0] for v in run.params.variables]
+        assert where == [f"/job:ps/replica:0/task:{i % n_ps}" for i in range(len(where))]
+    finally:
+        run.stop()
+    assert run.error is None, run.error
+    event = next(e for e in run.history.events if e.kind == "respread")
+    assert "bytes" in event.detail and "paused" in event.detail, event.detail
+    assert run.params.read_step() == len(run.history.global_steps) == run.history.steps
+    g = sorted(run.history.global_steps, key=lambda x: x.step)
+    start = sum(x.loss for x in g[:5]) / 5
+    after = [x.loss for x in g if event.step < x.step <= event.step + 20]
+    assert after and sum(after) / len(after) < start  # it went on from where it was, not from the start

@@ -25,11 +25,13 @@ it steps and say when they are done with it, see :class:`Departure`) and
 :mod:`tfmagic.training.failures`); ``status`` and the dashboard read the
 cluster's tasks, which change with them.
 
-A ps can be added too, but the variables do not move: a run that trains
-now keeps its variables where they are, and the next run spreads its own
-over every ps.  Re-spreading a running run's variables (with a pause, and
-the bytes moved reported) is not done yet; so a ps can only be removed
-while it holds no variable (the placement map says which it holds).
+A ps can be added too: an async or plain (fused) sync run that trains
+pauses and moves the variables whose round-robin place changed to it
+(:meth:`~tfmagic.training.params.ParameterStore.respread`, the bytes moved
+and the pause recorded on its history); paced runs and sync with backup
+workers keep theirs where they are; the next run spreads its own over every
+ps.  Moving variables *off* a ps is not done yet, so a ps can only be
+removed while it holds no variable (the placement map says which it holds).
 """
 
 from __future__ import annotations

@@ -42,6 +42,8 @@ class AsyncLoop:
         self.pace = run.cluster.pace
         self.bound = run.config.staleness if run.mode == "ssp" else None  # SSP: steps ahead of the slowest
         self.per_call = run.config.steps_per_call
+        self.pausing = threading.Event()  # a ps joined: every worker stops stepping while variables move
+        self.idle: set = set()
 
     def run(self) -> None:
         """Every worker steps on its own until the ps has counted ``steps`` updates."""
@@ -54,6 +56,11 @@ class AsyncLoop:
         while not self.control.stopping:
             time.sleep(0.1)
             self.start_joined()
+            if self.policy.respread_pending:
+                if self.pace is not None:
+                    self.policy.no_respread("a paced run holds gradients in flight between its calls")
+                else:
+                    self.pause_and_respread()
             if self.policy.all_lost():
                 self.control.fail(
                     TrainingError(
@@ -85,6 +92,36 @@ class AsyncLoop:
                 )
                 w.thread.start()
 
+    def pause_and_respread(self, timeout: float = 10.0) -> None:
+        """Pause every stepping worker (its call in flight returns, its rows are read), move the
+        variables over the new ps set, and let the workers go on (each placed again first)."""
+        self.pausing.set()
+        try:
+            deadline = time.monotonic() + timeout
+
+            def busy():
+                return [
+                    w
+                    for w in list(self.policy.workers.values())
+                    if w.thread is not None
+                    and w.thread.is_alive()
+                    and not (w.lost or w.retired)
+                    and w.task not in self.idle
+                ]
+
+            while busy() and time.monotonic() < deadline and not self.control.stopping:
+                time.sleep(0.01)
+            if self.control.stopping:
+                return
+            if busy():
+                self.policy.no_respread(
+                    f"{', '.join(w.task for w in busy())} did not pause within {timeout:g} s"
+                )
+                return
+            self.policy.respread(self.training.step_now())
+        finally:
+            self.pausing.clear()
+
     def work(self, w: Worker) -> None:
         try:
             self._work(w)
@@ -110,6 +147,13 @@ class AsyncLoop:
         # order), except where the loop must know a step is done: a pace to keep, a bound to hold.
         fetch = self.pace is not None or self.bound is not None
         while not self.control.stopping and not w.leaving:
+            if self.pausing.is_set():  # variables are moving: nothing in flight, every row read
+                self.flush(w, pending, final=True)
+                self.idle.add(w.task)
+                while self.pausing.is_set() and not self.control.stopping:
+                    self.control.stopped.wait(0.01)
+                self.idle.discard(w.task)
+                continue
             if (w.lost or w.rebuild) and not self.policy.wait_rejoin(w):
                 pending.clear()
                 w.started = False

@@ -36,6 +36,8 @@ class FailurePolicy:
         self.history = history
         self.params = params
         self.workers: dict[TaskName, Worker] = {}
+        #: a ps joined: the run's loop re-spreads the variables at a pause (async, plain sync) or notes why not
+        self.respread_pending = False
 
     # -- what the cluster says ------------------------------------------------
     def on_cluster_event(self, event: Event) -> None:
@@ -52,6 +54,8 @@ class FailurePolicy:
             self.history.add_event(event, step=self.run.step_now())
         if task.job == "worker" and event.kind == "joined":
             self.join(task)
+        elif task.job == "ps" and event.kind == "joined":
+            self.respread_pending = True  # the loop moves variables at its next pause (see respread)
         elif task.job == "worker" and event.kind == "leaving" and task in self.workers:
             self.leave(task)
         elif task.job == "worker" and task in self.workers:
@@ -117,6 +121,34 @@ class FailurePolicy:
     def members(self) -> list[Worker]:
         """The workers taking part now (sync: the replicas), lost ones included."""
         return [w for w in self.workers.values() if w.joined and not w.retired and not w.dropping]
+
+    def respread(self, t: int, replace_workers: bool = True) -> None:
+        """Move the variables over the ps set now (every step paused by the caller); recorded as an event.
+
+        The workers' step functions captured the old variables: each worker
+        is placed again (quietly) before its next step.
+        """
+        self.respread_pending = False
+        t0 = time.time()
+        size, moved = self.params.respread()
+        for w in self.workers.values():
+            if replace_workers and not w.retired:
+                w.joined, w.rebuild = False, True  # placed again, without a "rejoin" event
+        self.run.history.layout = self.run.layout()
+        self.history.add_event(
+            "respread",
+            None,
+            f"{len(moved)} variable(s) moved ({', '.join(moved) or 'none'}): {size} bytes, "
+            f"training paused {time.time() - t0:.2f} s",
+            step=t,
+        )
+
+    def no_respread(self, why: str) -> None:
+        if self.respread_pending:
+            self.respread_pending = False
+            self.history.add_event(
+                "respread", None, f"a ps joined; this run keeps its variables where they are ({why})"
+            )
 
     def ps_lost(self, task: TaskName) -> TrainingError:
         ckpt = self.run.checkpoints.last()

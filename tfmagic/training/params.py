@@ -93,6 +93,37 @@ class ParameterStore:
                 self.buffers.append(row)
         return True
 
+    def respread(self) -> tuple[int, list[str]]:
+        """Move each variable (and its slot) whose round-robin ps changed to it: (bytes moved, names).
+
+        After a ps joined, ``w{i}`` belongs on ``ps:{i % n}`` again; a new
+        variable is made there from the old one's value (copied from ps to
+        ps) and takes its place in the run.  The caller pauses every step
+        that uses the variables and rebuilds the step functions after.
+        """
+        import tensorflow as tf
+
+        ps = self.ps_tasks
+        moved, size = [], 0
+        made_by = placement.creator(
+            self.cluster.id, f"training {self.who.split(' (')[0].removeprefix('training run ')}"
+        )
+        slots = self.optimizer.slots
+        with client.gate.call(self.who), tf.variable_creator_scope(made_by):
+            for i, v in enumerate(self.variables):
+                target = ps[i % len(ps)]
+                if TaskName.parse(v.device) == target:
+                    continue
+                with tf.device(target.device):
+                    self.variables[i] = tf.Variable(v.read_value(), name=v.name.split(":")[0])
+                    size += v.dtype.size * int(v.shape.num_elements() or 0)
+                    if i < len(slots):
+                        old = slots[i]
+                        slots[i] = tf.Variable(old.read_value(), trainable=False)
+                        size += old.dtype.size * int(old.shape.num_elements() or 0)
+                moved.append(f"{v.name.split(':')[0]} to {target}")
+        return size, moved
+
     def ps_alive(self) -> bool:
         """Whether every ps task runs (False once the cluster stopped: nothing to read then)."""
         procs = self.cluster.procs

@@ -366,16 +366,7 @@ class TrainingRun:
                 )
         init = self.initial_weights or self.model.initial_weights(self.config.seed)
         self.params.place(init, self._start_step, self._slots)
-        self.history.layout = [
-            (
-                v.name.split(":")[0],
-                str(TaskName.parse(v.device)),
-                tuple(v.shape.as_list()),
-                v.dtype.name,
-                int(v.dtype.size) * int(v.shape.num_elements() or 0),
-            )
-            for v in [*self.params.variables, self.params.global_step]
-        ]
+        self.history.layout = self.layout()
         if self.kind == "sync":
             self.params.make_buffers(self.workers_n)
         self.policy.workers = {}
@@ -393,6 +384,19 @@ class TrainingRun:
         self.history.add_event(
             "start", detail=f"{self.mode}, {self.workers_n} workers", step=self._start_step
         )
+
+    def layout(self) -> list[tuple]:
+        """(name, task, shape, dtype, bytes) of every variable of the run, where it lives now."""
+        return [
+            (
+                v.name.split(":")[0],
+                str(TaskName.parse(v.device)),
+                tuple(v.shape.as_list()),
+                v.dtype.name,
+                int(v.dtype.size) * int(v.shape.num_elements() or 0),
+            )
+            for v in [*self.params.variables, self.params.global_step]
+        ]
 
     def place(self, w: Worker) -> None:
         place_worker(

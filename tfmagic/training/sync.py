@@ -93,6 +93,7 @@ class SyncLoop:
         The replica count changes here, and the change is recorded on the run's history.
         """
         joined = False
+        self.policy.no_respread("the per-worker sync loop keeps gradient buffers beside the variables")
         for w in list(self.policy.workers.values()):
             if w.leaving and w.drain and not w.retired:
                 w.drain = False  # step t - 1 was its last: no gradient of it counts from here
@@ -349,6 +350,8 @@ class FusedSyncLoop:
                 if done is not None:  # recorded against the workers that made it
                     self.record(*done)
                     done = None
+                if self.policy.respread_pending:  # a ps joined: the update is one call, so this is a pause
+                    self.policy.respread(t, replace_workers=False)
                 self.reconcile(t, per_call)
             if t + per_call > last:  # the last few updates: one call each (another function)
                 per_call, self.update = 1, self.single()
@@ -371,7 +374,7 @@ class FusedSyncLoop:
 
     def changed(self) -> bool:
         """Whether a worker joined or is leaving since the function was built."""
-        return any(
+        return self.policy.respread_pending or any(
             (w.leaving and not w.retired) or (not w.joined and not w.retired)
             for w in self.policy.workers.values()
         )
