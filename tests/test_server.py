@@ -153,7 +153,9 @@ def server(tmp_path_factory):
 
     before = set(task_processes())
     try:
-        poll_for(ready, 60, what="the Jupyter server")
+        poll_for(
+            ready, 180, what="the Jupyter server"
+        )  # a minute and more when other test runs load the machine
         yield srv
     finally:
         try:
@@ -551,7 +553,11 @@ def test_tensorboard_displays_inside_a_jupyterlab_notebook(server, trained, page
 def test_tensorboards_own_magic_goes_through_the_proxy(server, trained):
     """%tensorboard reads TENSORBOARD_PROXY_URL, which the extension set for its kernels."""
     kernel, logdir = trained
-    out = kernel.run(f"%load_ext tensorboard\n%tensorboard --logdir {logdir} --host 127.0.0.1")
+    kernel.run("%load_ext tensorboard")
+    for _ in range(3):  # TensorBoard's own magic gives up after 60 s (a loaded machine); again, it reuses
+        out = kernel.run(f"%tensorboard --logdir {logdir} --host 127.0.0.1", timeout=300)
+        if "Timed out waiting for TensorBoard" not in out:
+            break
     pids = kernel.run(
         "import psutil\n"
         "print(*[p.pid for p in psutil.Process().children() if '-c' not in p.cmdline() "
