@@ -61,8 +61,8 @@ def test_status_reports_pid_state_cpu_pss_rss_uptime(local_cluster):
 
 
 def test_task_environment_ps_cpu_only_and_tf_config(local_cluster):
-    ps = local_cluster.procs[tfmagic.TaskName("ps", 0)].request(
-        "env", keys=["CUDA_VISIBLE_DEVICES", "TF_CONFIG", "GRPC_FAIL_FAST"], devices=True
+    ps = local_cluster.procs[tfmagic.TaskName("ps", 0)].request(  # devices: imports TF's whole API (seconds)
+        "env", timeout=60, keys=["CUDA_VISIBLE_DEVICES", "TF_CONFIG", "GRPC_FAIL_FAST"], devices=True
     )
     assert ps["env"]["CUDA_VISIBLE_DEVICES"] == ""
     assert ps["env"]["GRPC_FAIL_FAST"] == "use_caller"

@@ -131,8 +131,9 @@ def test_worker_to_ps_traffic_matches_what_the_model_must_move(cluster):
 
 
 def test_traffic_rows_and_rates(cluster):
-    meter = cluster.traffic_meter()
     run = tfmagic.train(cluster, mode="async", steps=100_000, model="digits", block=False)
+    dash = tfmagic.Dashboard(cluster, runs=[run]).start()  # its refresh starts the meter
+    meter = cluster.traffic_meter()
     try:
         poll_for(lambda: len(run.history.records) > 50, timeout=60)
         poll_for(
@@ -142,8 +143,13 @@ def test_traffic_rows_and_rates(cluster):
             ),
             timeout=10,
         )
+        poll_for(lambda: "worker:0 &rarr; ps:0" in dash.table_html(), timeout=10)
+        panel = dash.traffic_html()
+        assert "per worker step" in panel and "/s</td>" in panel, panel
+        assert "tfmagic-banner" not in dash.header_html()  # nothing waits: no banner
     finally:
         run.stop()
+        dash.stop()
     t = cluster.traffic()
     links = {(r["src"], r["dst"]) for r in t}
     assert {("kernel", "worker:0"), ("worker:0", "ps:0"), ("ps:0", "worker:1")} <= links
@@ -177,6 +183,8 @@ def test_doctor_a_worker_stopped_under_sync_training(cluster):
         )
         assert "sync" in row.waiter and "kill -CONT" in row.next_step
         assert "worker:1" in diag.banner
+        header = tfmagic.Dashboard(cluster, runs=[run], traffic=False).header_html()
+        assert "tfmagic-banner" in header and "worker:1" in header and "stopped" in header, header
     finally:
         os.kill(proc.task_pid, signal.SIGCONT)
         run.stop()

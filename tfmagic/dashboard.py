@@ -98,6 +98,7 @@ class Dashboard:
         x: str = "updates",
         smooth: int | None = None,
         gantt_steps: int = 10,
+        traffic: bool = True,
     ) -> None:
         if x not in X_AXES:
             raise ValueError(f"x is one of {', '.join(X_AXES)}, not {x!r}")
@@ -130,6 +131,10 @@ class Dashboard:
         self._widget = None
         self._display = None  # IPython DisplayHandle, when shown with show()
         Dashboard._latest = weakref.ref(self)
+        #: measure bytes per link while refreshing (the traffic panel; see tfmagic.traffic)
+        self.traffic = traffic
+        self._meter = None  # the cluster's traffic meter, when this dashboard started it
+        self._diagnosis: tuple[float, str] = (0.0, "")  # (when, the hang doctor's banner)
         self.marks: deque[Mark] = deque(maxlen=100)  # cluster events: slow, kill, restart, lost
         self.memory_every = 5.0  # seconds between memory (PSS) reads of each task
         self._memory: dict = {}  # task -> (when, pid, {"rss", "pss"})
@@ -675,7 +680,10 @@ class Dashboard:
             "<tr>" + "".join(f"<td style='padding:0 8px'>{html.escape(c)}</td>" for c in r) + "</tr>"
             for r in rows
         )
-        return f"<div class='tfmagic-cluster'><b>{html.escape(state)}</b><table><tr>{head}</tr>{body}</table></div>"
+        return (
+            f"<div class='tfmagic-cluster'><b>{html.escape(state)}</b><table><tr>{head}</tr>{body}</table></div>"
+            + self.traffic_html()
+        )
 
     def header_html(self) -> str:
         parts = []
@@ -698,7 +706,61 @@ class Dashboard:
             parts.append(f"<b>{html.escape(tr.name)}</b>: {state}, {tr.updates} updates{seen}{loss}{extra}")
         if not parts:
             parts.append("no training run yet")
-        return "<div class='tfmagic-header'>" + " &nbsp;|&nbsp; ".join(parts) + "</div>"
+        banner = self.banner()
+        shown = (
+            f"<div class='tfmagic-banner' style='background:#fde2e1;padding:2px 6px'>&#9888; {html.escape(banner)}</div>"
+            if banner
+            else ""
+        )
+        return shown + "<div class='tfmagic-header'>" + " &nbsp;|&nbsp; ".join(parts) + "</div>"
+
+    def banner(self) -> str:
+        """The hang doctor's line while something has waited more than 2 s on this cluster, else ''.
+
+        Free while nothing waits (one look at the wait registry); while
+        something does, the doctor is asked at most once a second.
+        """
+        from . import doctor, waits
+
+        if self.cluster is None or not self.cluster.running or not waits.current(doctor.THRESHOLD):
+            self._diagnosis = (0.0, "")
+            return ""
+        when, said = self._diagnosis
+        if time.monotonic() - when >= 1.0:
+            try:
+                said = doctor.why(self.cluster).banner
+            except Exception:  # noqa: BLE001 - a banner that cannot be made is left out, not raised
+                said = ""
+            self._diagnosis = (time.monotonic(), said)
+        return said
+
+    def traffic_html(self) -> str:
+        """Bytes per second and per worker step on every link, measured (empty when not measured)."""
+        meter = self._meter or (getattr(self.cluster, "_meter", None) if self.cluster is not None else None)
+        if meter is None:
+            return ""
+        now = time.time()
+        steps_per_s = sum(
+            self.rates.rate(str(t), now) for t in getattr(self.cluster, "procs", {}) if t.job == "worker"
+        )
+        rows = []
+        for link in meter.links():
+            if not link.bytes:
+                continue
+            per_step = human_bytes(link.rate / steps_per_s) if steps_per_s > 0 and link.rate > 0 else "-"
+            rows.append(
+                f"<tr><td style='padding:0 8px'>{html.escape(link.src)} &rarr; {html.escape(link.dst)}</td>"
+                f"<td style='padding:0 8px;text-align:right'>{human_bytes(link.rate)}/s</td>"
+                f"<td style='padding:0 8px;text-align:right'>{per_step}</td>"
+                f"<td style='padding:0 8px;text-align:right'>{human_bytes(link.bytes)}</td></tr>"
+            )
+        if not rows:
+            return ""
+        head = "".join(
+            f"<th style='text-align:left;padding:0 8px'>{h}</th>"
+            for h in ("link (measured: TCP counters)", "now", "per worker step", "since start")
+        )
+        return f"<div class='tfmagic-traffic'><table><tr>{head}</tr>{''.join(rows)}</table></div>"
 
     def summary(self) -> str:
         lines = []
@@ -746,6 +808,16 @@ class Dashboard:
         if self._thread is not None and self._thread.is_alive():
             return self
         self.widget  # noqa: B018 - build the widgets before the thread touches them
+        if (
+            self.traffic
+            and getattr(self.cluster, "running", False)
+            and hasattr(self.cluster, "traffic_meter")
+            and getattr(self.cluster, "_meter", None) is None
+        ):
+            try:
+                self._meter = self.cluster.traffic_meter()
+            except Exception:  # noqa: BLE001 - no panel is better than no dashboard
+                self._meter = None
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, name="tfmagic-dashboard", daemon=True)
         self._thread.start()
@@ -770,6 +842,8 @@ class Dashboard:
             except Exception:  # noqa: BLE001 - the last frame is a courtesy
                 pass
         self._unsubscribe()
+        if self._meter is not None:  # started by this dashboard: it measures no longer
+            self._meter.stop()
         self._publish_final()
 
     def _unsubscribe(self) -> None:
@@ -783,6 +857,8 @@ class Dashboard:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(10)
         self._unsubscribe()
+        if self._meter is not None:  # started by this dashboard: it measures no longer
+            self._meter.stop()
 
     @property
     def refreshing(self) -> bool:
