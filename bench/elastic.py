@@ -6,6 +6,9 @@ On a 1 ps + 2 worker local cluster (linear model, unpaced):
   applied update, with a warm spare waiting and without one (a fresh
   process imports TensorFlow first), split into the add itself and the
   engine's pick-up (placing the worker's data and tracing its step);
+* a ps added during async and fused sync training (digits): the run's
+  record of the variables moved and the bytes, and the pause (the longest
+  gap between updates around it, beside the median gap before);
 * sync (fused, 3 workers): ``cluster.remove("worker:2", drain=True)``, the
   time from the call to the first update with 2 replicas, and that update's
   step time (since the update before it), beside the median update time
@@ -82,6 +85,29 @@ def remove_during_sync(cluster) -> tuple[float, float, float, float]:
     return before, t_remove, after, spanning
 
 
+def add_ps_during_training(cluster, mode: str) -> str:
+    """The run's own record of the re-spread (variables moved, bytes, pause), and the add's seconds."""
+    run = tfmagic.train(cluster, mode, model="digits", steps=10**6, block=False, name=f"bench-ps-{mode}")
+    try:
+        _wait(lambda: run.history.steps > 50, 120)
+        t0, wall = time.monotonic(), time.time()
+        cluster.add("ps")
+        t_add = time.monotonic() - t0
+        _wait(lambda: any(e.kind == "respread" for e in run.history.events), 60)
+        event = next(e for e in run.history.events if e.kind == "respread")
+        n = run.history.steps
+        _wait(lambda: run.history.steps > n + 50, 60)
+    finally:
+        run.stop()
+    times = sorted(g.time for g in run.history.global_steps)
+    near = [b - a for a, b in zip(times, times[1:]) if wall < b < event.time + 30]
+    before = [b - a for a, b in zip(times, times[1:]) if b < wall][-40:] or [float("nan")]
+    return (
+        f"{mode:>5s} add() {t_add:5.2f} s; longest gap between updates around it {max(near):.2f} s "
+        f"(median before {statistics.median(before):.3f} s); {event.detail}"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
@@ -102,6 +128,9 @@ def main() -> None:
             for _ in range(args.rounds):
                 before, t_remove, after, spanning = remove_during_sync(cluster)
                 print(f"{before:13.3f} {t_remove:9.2f} {after:26.2f} {spanning:21.2f}")
+            print("\nadd a ps during training (digits): what the run recorded")
+            for mode in ("async", "sync"):
+                print(add_ps_during_training(cluster, mode))
         finally:
             pool.shutdown()
 

@@ -138,8 +138,8 @@ class FailurePolicy:
         self.history.add_event(
             "respread",
             None,
-            f"{len(moved)} variable(s) moved ({', '.join(moved) or 'none'}): {size} bytes, "
-            f"training paused {time.time() - t0:.2f} s",
+            f"{len(moved)} variable(s) moved ({', '.join(moved) or 'none'}): {size} bytes in "
+            f"{time.time() - t0:.2f} s; the workers' steps are then built again",
             step=t,
         )
 
