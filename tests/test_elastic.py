@@ -143,6 +143,23 @@ def test_bad_input_is_one_line_and_leaves_the_cluster_as_it_was(two_workers):
         sess.cluster = previous
 
 
+def test_an_attached_cluster_refuses_to_grow_or_shrink(two_workers):
+    from tfmagic.attach import attach
+    from tfmagic.errors import NotOwned
+
+    cluster = two_workers
+    attached = attach(cluster.cluster_def.as_dict(), name="elastic-attached")
+    try:
+        with pytest.raises(NotOwned, match="attached"):
+            attached.add("worker")
+        with pytest.raises(NotOwned, match="attached"):
+            attached.remove("worker:1")
+        assert attached.shape.workers == 2 and cluster.shape.workers == 2
+    finally:
+        attached.close()  # lets go, never stops the tasks
+    assert all(p.alive for p in cluster.procs.values())
+
+
 def test_a_worker_added_during_async_applies_updates_at_once(two_workers):
     import tfmagic
 
