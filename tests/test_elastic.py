@@ -357,3 +357,30 @@ def test_a_ps_added_during_training_takes_its_share_of_the_variables(two_workers
     start = sum(x.loss for x in g[:5]) / 5
     after = [x.loss for x in g if event.step < x.step <= event.step + 20]
     assert after and sum(after) / len(after) < start  # it went on from where it was, not from the start
+
+
+@pytest.mark.parametrize("drain", [True, False], ids=["drain", "drop"])
+def test_paced_async_a_leaving_worker_applies_or_drops_its_held_gradient(two_workers, drain):
+    """Paced async holds each gradient until its modelled step ends: drain applies it, drop does not;
+    either way every applied update is recorded."""
+    import tfmagic
+    from tfmagic.pace import Pace
+
+    cluster = two_workers
+    cluster.add("worker")
+    cluster.pace = Pace.parse("50ms")
+    try:
+        run = tfmagic.train(cluster, "async", steps=10**6, block=False, name=f"elastic-paced-{drain}")
+        try:
+            poll_for(lambda: _applied(run.history, "worker:2") > 3, 120, what="worker:2 stepping, paced")
+            cluster.remove("worker:2", drain=drain)
+            n = run.history.steps
+            poll_for(lambda: run.history.steps > n + 10, 30, what="the others going on")
+        finally:
+            run.stop()
+    finally:
+        cluster.pace = None
+    assert run.error is None, run.error
+    assert run.params.read_step() == len(run.history.global_steps) == run.history.steps
+    steps = sorted(g.step for g in run.history.global_steps)
+    assert steps == list(range(1, len(steps) + 1))
