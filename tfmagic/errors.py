@@ -28,6 +28,10 @@ class BadClusterShape(TfmagicError, ValueError):
     """Counts of ps/workers that cannot make a cluster."""
 
 
+class BadNet(TfmagicError, ValueError):
+    """A rate, delay or task for the modelled network (tfmagic.netshape) that cannot be used."""
+
+
 class NoCluster(TfmagicError):
     """An action needs a running cluster and there is none."""
 

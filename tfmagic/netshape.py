@@ -31,9 +31,9 @@ import sys
 import threading
 from dataclasses import dataclass
 
-from .errors import TfmagicError
+from .errors import BadNet
 
-__all__ = ["LinkModel", "Shaper", "parse_net", "parse_rate"]
+__all__ = ["BadNet", "LinkModel", "Shaper", "parse_net", "parse_rate"]
 
 _RATE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?)\s*(bit|kbit|mbit|gbit|bps|kbps|mbps|gbps)\s*$", re.I | re.A)
 _DELAY = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(ms|s|us)?\s*$", re.I | re.A)
@@ -49,10 +49,6 @@ _UNITS = {
 }
 #: what the relay can pass on this kind of machine (measured: bench/ps_bottleneck.py); above it the model is not kept
 RELAY_LIMIT_BYTES_S = 200e6
-
-
-class BadNet(TfmagicError, ValueError):
-    """A rate, delay or task for the modelled network that cannot be used."""
 
 
 def parse_rate(text: str | float | None) -> float | None:

@@ -41,7 +41,7 @@ BLOCK = 250_000  # floats per block: 4 MB in all, read and written once per step
 RATE = "50mbit"
 DELAY = "1ms"
 WORKERS = 2
-UPDATES = 12
+UPDATES = 10
 
 
 class Ballast(Model):
@@ -96,7 +96,8 @@ def measure(lab: Lab) -> Finding:
         try:
             cluster.start()
             lab.memory.sample()
-            shaped = _update_time(lab, cluster, f"{shards} ps, shaped")
+            # twice, the faster kept: a shared machine only ever adds to an update's time
+            shaped = min(_update_time(lab, cluster, f"{shards} ps, shaped ({i + 1} of 2)") for i in range(2))
             for t in range(shards):
                 cluster.net(f"ps:{t}", rate=None, delay=0)
             free = _update_time(lab, cluster, f"{shards} ps, unlimited")
