@@ -408,8 +408,11 @@ def test_a_diverging_run_stops_at_the_update_where_the_loss_is_no_longer_a_numbe
 def test_a_task_has_no_keyboard_and_keeps_serving(local_cluster):
     from tfmagic.px import run_px
 
-    for code in ("input('name? ')", "breakpoint()"):
-        out = run_px(local_cluster, code, targets="worker:0").wait(30)["worker:0"]
+    for code in (
+        "input('name? ')",
+        "breakpoint()",
+    ):  # the first cell imports TF's API: seconds, more when busy
+        out = run_px(local_cluster, code, targets="worker:0").wait(120)["worker:0"]
         assert out.status == "error" and out.ename == "TaskHasNoInput", out
         assert "a task has no keyboard" in out.evalue and "\n" not in out.evalue
     assert run_px(local_cluster, "6 * 7", targets="worker:0").wait(30)["worker:0"].result == 42
