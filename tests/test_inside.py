@@ -388,7 +388,10 @@ def test_doctor_an_old_cluster_object_after_replace():
         assert diag.rows and "replaced by" in diag.rows[0].cause, diag.text
         assert "current_cluster" in diag.rows[0].next_step
     finally:
-        session.close()
+        # not session.close(): that ends every process this (test) process started, the
+        # session-scoped clusters of other test files included
+        if session.cluster is not None and session.cluster.running:
+            session.cluster.stop()
         if old.running:
             old.stop()
 
