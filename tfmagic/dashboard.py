@@ -34,18 +34,11 @@ from pathlib import Path
 from .dashdata import MAJOR, STALE_MODES, Mark, RollingRate, RunTrace, place_event
 from .events import Event
 from .metrics import Evaluation, GlobalStep, StepRecord
+from .plots import COLORS, SEGMENT_COLORS, SEGMENT_LABELS, X_AXES
 from .procstats import human_bytes
 
-MODE_COLORS = {"sync": "#1f77b4", "async": "#d62728", "ssp": "#2ca02c"}
-#: what the loss curves can be plotted against (the selector's choices) and the axis label
-X_AXES = {"updates": "updates", "examples": "examples seen", "seconds": "seconds after warm-up"}
-SEGMENT_COLORS = {"busy": "#4c72b0", "wait": "#f2b447", "dropped": "#b0b0b0", "warm-up": "#dddddd"}
-SEGMENT_LABELS = {
-    "busy": "busy (computing)",
-    "wait": "waiting at the barrier",
-    "dropped": "dropped gradient",
-    "warm-up": "warm-up",
-}
+# the same colours, axes and Gantt segments as the notebooks' static pictures
+MODE_COLORS = COLORS
 MARK_COLORS = {
     "slow": "#ff7f0e",
     "kill": "#d62728",
