@@ -185,3 +185,18 @@ def test_nothing_below_the_magics_imports_ipython():
             if any(n.split(".")[0] in ("IPython", "ipywidgets", "tensorflow") for n in names):
                 offenders.append(f"{rel}: {names}")
     assert offenders == []
+
+
+def test_no_exported_name_is_shadowed_by_a_submodule():
+    """`tfmagic.attach(...)` stays a function whatever was imported before it.
+
+    Importing a submodule sets it as an attribute of its package; a submodule
+    named like an exported function (the old ``tfmagic/attach.py``) replaced
+    ``tfmagic.attach`` with the module as soon as anything imported it, and the
+    full suite failed with "'module' object is not callable" depending on order.
+    """
+    import tfmagic
+
+    modules = {p.stem for p in PACKAGE.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
+    clashes = sorted(n for n in tfmagic._EXPORTS if n in modules)
+    assert clashes == [], f"exported names that are also submodules: {clashes}"

@@ -144,7 +144,7 @@ def test_bad_input_is_one_line_and_leaves_the_cluster_as_it_was(two_workers):
 
 
 def test_an_attached_cluster_refuses_to_grow_or_shrink(two_workers):
-    from tfmagic.attach import attach
+    from tfmagic.attached import attach
     from tfmagic.errors import NotOwned
 
     cluster = two_workers

@@ -4,7 +4,7 @@ A cluster asks a :class:`Launcher` for processes and gets :class:`TaskHandle`
 objects back; it never cares where they run.  Local, SSH and Spark launchers
 all hand back :class:`~tfmagic.launchers.channel.TaskProcess` (a process that
 speaks :mod:`tfmagic.protocol` over a byte channel); an attached cluster
-hands back :class:`~tfmagic.attach.AttachedTask` (an address tfmagic did not
+hands back :class:`~tfmagic.attached.AttachedTask` (an address tfmagic did not
 start).  What differs between launchers is a few decisions, each one method
 with a default that works for any task reached through its channel:
 

@@ -223,7 +223,7 @@ class ClusterMagics(Magics):
     @verb("attach to a cluster started elsewhere: a ClusterSpec/TF_CONFIG as JSON, a file, or $TF_CONFIG")
     @arg("spec", nargs="?", default=None, help="quoted JSON or a file (default: $TF_CONFIG)")
     def cmd_attach(self, args):
-        from ..attach import AttachedCluster
+        from ..attached import AttachedCluster
 
         spec = unquote(args.spec) if args.spec else os.environ.get("TF_CONFIG")
         if not spec:
