@@ -86,6 +86,20 @@ def test_async_converges_and_records_every_update(local_cluster):
     tp = h.throughput()
     assert set(tp) == {"worker:0", "worker:1", "total"}
     assert tp["total"]["examples_per_s"] == pytest.approx(32 * tp["total"]["steps_per_s"])
+    # each worker's log tells its own part of the run, as the seeds' worker0.out did
+    for task in ("worker:0", "worker:1"):
+        mine = sum(1 for r in h.records if r.task == task and r.applied)
+
+        def log_with_the_end(task=task):
+            text = local_cluster.logs(task, tail=None)
+            return text if f"run {h.run} (async): ended at update" in text else None
+
+        text = poll_for(log_with_the_end, 10, what=f"{task}'s progress in its log")
+        assert f"run {h.run} (async): update " in text
+        assert (
+            f"run {h.run} (async): ended at update 400, final held-out loss {h.final_loss:.4f}; {mine} of its"
+            in text
+        )
 
 
 def test_async_staleness_grows_for_a_slowed_worker(local_cluster):

@@ -864,10 +864,31 @@ class Cluster:
                 )
         return out
 
-    def logs(self, task: str | TaskName, tail: int | None = 50) -> str:
-        """The last ``tail`` lines of a task's log (everything for ``None``)."""
+    def logs(self, task: str | TaskName, tail: int | None = 50, native: bool = False) -> str:
+        """The last ``tail`` lines of a task's log (everything for ``None``).
+
+        By default TensorFlow's own log lines (CUDA probes, the options dump a
+        client's connection prints, gRPC errors) are left out and counted in a
+        last line: what stays is what the task's programs printed and
+        tfmagic's ``tfmagic: ...`` lines, the training engine's per-worker
+        progress among them.  ``native=True`` gives the file as it is.
+        """
+        from .logs import without_native
+
         t = self.check_task(task)
-        return self.launcher.read_log(self.procs[t], tail=tail)
+        if native:
+            return self.launcher.read_log(self.procs[t], tail=tail)
+        # read enough to keep ``tail`` lines after the noise is gone
+        text = self.launcher.read_log(self.procs[t], tail=None if tail is None else max(50 * tail, 2000))
+        kept, hidden = without_native(text)
+        lines = kept.splitlines()
+        if tail is not None:
+            lines = lines[-tail:] if tail else []
+        if hidden:
+            lines.append(
+                f"({hidden} lines of TensorFlow's own log left out; --all, or native=True, shows them)"
+            )
+        return "\n".join(lines)
 
     @staticmethod
     def _condition(proc: TaskHandle, stats: dict | None, slowness: float | None) -> str:

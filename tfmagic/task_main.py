@@ -216,6 +216,16 @@ class TaskRuntime:
         print(f"tfmagic: running at 1/{factor:g} speed" if factor > 1 else "tfmagic: full speed", flush=True)
         self.send("slowed", id=msg.get("id"), factor=factor)
 
+    def urgent_note(self, msg: dict[str, Any]) -> None:
+        """A line for this task's log from its owner: the training engine writes each worker's
+        progress here, so the log reads like the seeds' ``worker0.out`` and not only TensorFlow's."""
+        text = str(msg.get("text", "")).replace("\n", " ")[:500]
+        try:
+            sys.__stderr__.write(f"tfmagic: {text}\n")
+            sys.__stderr__.flush()
+        except (OSError, ValueError):
+            pass  # a full or closed log: the note is lost, the task goes on
+
     def urgent_free_port(self, msg: dict[str, Any]) -> None:
         """A port free on this task's host (remote launchers cannot look themselves)."""
         try:

@@ -193,29 +193,38 @@ def _pss(pid: int) -> int:
     return 0
 
 
-def memory_now() -> int:
-    """PSS of this process and every process below it (tasks, keepers), in bytes."""
+def memory_now(pid: int | None = None) -> int:
+    """PSS of a process (this one by default) and every process below it (tasks, keepers), in bytes."""
     import psutil
 
-    me = psutil.Process()
     try:
-        kids = me.children(recursive=True)
+        root = psutil.Process(pid)
+        kids = root.children(recursive=True)
     except psutil.Error:
-        kids = []
-    return _pss(os.getpid()) + sum(_pss(p.pid) for p in kids)
+        return 0
+    return _pss(root.pid) + sum(_pss(p.pid) for p in kids)
 
 
 class MemoryWatch:
-    """Samples :func:`memory_now` on a thread; ``peak`` is the highest seen."""
+    """Samples :func:`memory_now` on a thread; ``peak`` is the highest seen.
 
-    def __init__(self, every: float = 1.0) -> None:
+    ``pid`` is the root of the tree to watch: this process by default, or a
+    callable that returns it (``None`` while it does not exist yet: a
+    notebook's kernel before it starts, say).
+    """
+
+    def __init__(self, every: float = 1.0, pid: int | Callable[[], int | None] | None = None) -> None:
         self.every = every
         self.peak = 0
+        self._pid = pid
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="tfmagic-experiment-memory", daemon=True)
 
     def sample(self) -> int:
-        now = memory_now()
+        pid = self._pid() if callable(self._pid) else self._pid
+        if callable(self._pid) and pid is None:
+            return 0
+        now = memory_now(pid)
         self.peak = max(self.peak, now)
         return now
 

@@ -284,9 +284,10 @@ class ClusterMagics(Magics):
         cluster = _need_cluster("measure")
         print(cluster.traffic())
 
-    @verb("what a task wrote (TensorFlow's own lines included); 'kernel' for the kernel's native log")
+    @verb("what a task printed, and its training progress; 'kernel' for the kernel's native log")
     @arg("task", nargs="?", default=None, help="worker:1, ps:0, or kernel")
     @arg("--tail", type=count, default=50, help="how many lines (0 for all)")
+    @arg("--all", action="store_true", help="TensorFlow's own log lines too (left out by default)")
     def cmd_logs(self, args):
         if not args.task:
             raise UsageError("logs needs a task, for example: %tf_cluster logs worker:1 --tail 20")
@@ -297,7 +298,7 @@ class ClusterMagics(Magics):
             print(read_tail(str(path), args.tail or None) or f"(nothing logged yet in {path})")
             return
         cluster = _need_cluster("show logs of")
-        print(cluster.logs(_task(cluster, args.task, "logs"), tail=args.tail or None))
+        print(cluster.logs(_task(cluster, args.task, "logs"), tail=args.tail or None, native=args.all))
 
     @verb("the ClusterSpec and each task's TF_CONFIG, as JSON")
     def cmd_spec(self, args):

@@ -276,6 +276,9 @@ class TrainingRun:
                 raise TrainingError(f"training {self.control.reason}")
             self.checkpoint(force=True)
             self._evaluate()
+            self._note_progress(
+                f"ended at update {self.step_now()}, final held-out loss {self.history.final_loss:.4f}"
+            )
         except TrainingError as exc:
             self._end(exc)
         except Exception as exc:  # noqa: BLE001 - turned into a TrainingError with evidence
@@ -473,6 +476,31 @@ class TrainingRun:
                     loss = float(self.model.loss(w, tf.constant(x), tf.constant(y), state=state))
                 self.probed = (step, weights)  # the TensorBoard writer's weight histograms
                 self.history.add_eval(step, time.time(), loss)
+                self._note_progress(f"update {step}/{self.steps}, held-out loss {loss:.4f}")
+
+    def _note_progress(self, where: str) -> None:
+        """Write each worker's share of the run into that worker's own log (``%tf_cluster logs``).
+
+        The kernel drives the steps, so without this a worker's log holds only
+        TensorFlow's start-up lines; the seeds read training progress there.
+        One line per worker per probe (at most about 40 per run), sent without
+        waiting: a task that cannot take it loses the line, not the step.
+        """
+        counts: dict[str, int] = {}
+        for r in self.history.snapshot()[0]:
+            if r.applied:
+                counts[str(r.task)] = counts.get(str(r.task), 0) + 1
+        for w in list(self.policy.workers.values()):
+            proc = self.cluster.procs.get(w.task)
+            if proc is None or w.lost or not proc.alive:
+                continue
+            mine = counts.get(str(w.task), 0)
+            try:
+                proc.send(
+                    "note", text=f"run {self.name} ({self.mode}): {where}; {mine} of its gradients applied"
+                )
+            except Exception:  # noqa: BLE001 - a task tfmagic did not start cannot be written to
+                return
 
     def _evaluate(self) -> None:
         import tensorflow as tf
