@@ -396,6 +396,33 @@ def test_doctor_an_old_cluster_object_after_replace():
             old.stop()
 
 
+def test_doctor_a_start_where_one_task_cannot_bind(monkeypatch):
+    """Every port picked for worker:0 is taken (a real socket listens on it): the start does not
+    hang, it ends with one error naming the task, the port and the process that holds it."""
+    import socket
+
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    taken = squatter.getsockname()[1]
+    launcher = tfmagic.launchers.LocalLauncher(loopback_only=False)
+    monkeypatch.setattr(launcher, "pick_port", lambda proc=None: taken)
+    cluster = tfmagic.Cluster(ps=0, workers=1, launcher=launcher, spares=False, name="cannot-bind")
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(tfmagic.ClusterStartError) as info:
+            cluster.start(timeout=90)
+        took = time.monotonic() - t0
+        message = str(info.value)
+        assert info.value.task == "worker:0", message
+        assert f"the last, {taken}, by pid {os.getpid()} (" in message, message
+        assert took < 60 and not cluster.running and not cluster.procs, (took, message)
+    finally:
+        squatter.close()
+        if cluster.running:
+            cluster.stop()
+
+
 def test_translate_tensorflows_classic_messages():
     assert "worker:1" in doctor.translate(
         "I0000 master.cc:278] CreateSession still waiting for response from worker: /job:worker/replica:0/task:1"

@@ -106,6 +106,10 @@ class Attached(StartOutcome):
 class _PortTaken(Exception):
     """A task's port was taken between picking it and binding it."""
 
+    def __init__(self, task: TaskName, port: int | None) -> None:
+        super().__init__(f"{task}: port {port} was taken")
+        self.task, self.port = task, port
+
 
 def _threads_for(tasks_on_host: int) -> dict[str, int]:
     cores = os.cpu_count() or 1
@@ -267,10 +271,12 @@ class Cluster:
             deadline = time.monotonic() + timeout
             t0 = time.monotonic()
             self._check_memory()
+            taken: _PortTaken | None = None
             for attempt in range(1, 4):
                 try:
                     warm, cold = self._start_once(say, deadline)
                 except _PortTaken as exc:
+                    taken = exc
                     say(str(exc), "retry", "a port was taken while starting; trying fresh ports")
                     continue
                 outcome = Launched(seconds=time.monotonic() - t0, warm=warm, cold=cold, attempts=attempt)
@@ -281,9 +287,15 @@ class Cluster:
                 if self.use_spares:
                     self.pool.fill_later(self.launcher, self.shape.size)
                 return outcome
+            from .procstats import listener_of
+
+            holder = listener_of(taken.port) if taken is not None and taken.port else None
             raise ClusterStartError(
-                "three attempts in a row found a picked port taken before the server could "
-                "bind it; something on this machine is grabbing ports fast; try again"
+                f"{taken.task if taken else 'a task'} could not bind its port in three attempts: each "
+                f"port picked for it was taken before its server could bind it (the last, {taken.port if taken else '?'}, "
+                f"{'by ' + holder if holder else 'by a process this one cannot see'}). Something on this machine "
+                "takes ports fast: stop it, or try again",
+                task=str(taken.task) if taken else None,
             )
 
     def _check_memory(self) -> None:
@@ -353,7 +365,7 @@ class Cluster:
                         say(task, "starting", f"server on {defn.address(task)}")
                     elif proc.state is TaskState.FAILED:
                         if "Could not start gRPC server" in (proc.failure or ""):
-                            raise _PortTaken(f"{task}: port {proc.port} was taken")
+                            raise _PortTaken(task, proc.port)
                         raise self._failure(task, proc, f"could not start its server: {proc.failure}")
                     elif not proc.alive:
                         why = f": {proc.failure}" if proc.failure else ""

@@ -114,3 +114,22 @@ def human_seconds(s: float | None) -> str:
     if s < 3600:
         return f"{s // 60}m{s % 60:02d}s"
     return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+
+
+def listener_of(port: int) -> str | None:
+    """``pid 1234 (python3)``: the local process listening on TCP ``port``, if this process may see it.
+
+    Said when a task cannot bind its port, so the person knows what to stop
+    instead of reading "address in use".
+    """
+    try:
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
+                try:
+                    name = psutil.Process(conn.pid).name()
+                except psutil.Error:
+                    name = "?"
+                return f"pid {conn.pid} ({name})"
+    except (psutil.Error, OSError):
+        return None
+    return None
