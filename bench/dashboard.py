@@ -6,7 +6,7 @@ and prints the median ratio, the time to draw one frame, and the CPU the
 dashboard's thread used per second of training (a figure the machine's
 noise does not move much, unlike the ratio).
 
-    python bench/dashboard.py [--rounds 10] [--steps 1500]
+    python bench/dashboard.py [--rounds 10] [--steps 1500] [--traffic on|off]
 """
 
 from __future__ import annotations
@@ -30,6 +30,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument(
+        "--traffic",
+        choices=["on", "off"],
+        default="on",
+        help="the dashboard's traffic panel (its meter samples ss)",
+    )
     args = parser.parse_args()
     plain, live, draws, frames, full, cpu = [], [], [], [], [], []
     update = Dashboard.update
@@ -50,7 +56,7 @@ def main() -> None:
                     plain.append(rate(tfmagic.train(cluster, mode="async", model=model, steps=args.steps)))
                     continue
                 run = TrainingRun(cluster, "async", model=model, steps=args.steps)
-                dash = Dashboard(cluster, runs=[run], refresh=0.5)
+                dash = Dashboard(cluster, runs=[run], refresh=0.5, traffic=args.traffic == "on")
                 run.start()
                 dash.start()
                 h = run.wait()
@@ -68,7 +74,7 @@ def main() -> None:
     print(
         f"async with dashboard   : median {b:6.1f} updates/s {[round(x, 1) for x in live]} (frames drawn {frames})"
     )
-    print(f"ratio with / without   : {b / a:.2f}  (aim >= 0.95)")
+    print(f"ratio with / without   : {b / a:.2f}  (aim >= 0.95; traffic panel {args.traffic})")
     print(
         f"time to draw one frame : median {statistics.median(draws) * 1000:.1f} ms, max {max(draws) * 1000:.1f} ms"
     )

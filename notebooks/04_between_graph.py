@@ -16,6 +16,15 @@
 # %% [markdown]
 # # 04 · Between-graph replication: the seeds' programs, from one notebook
 #
+# **What you will learn** (about 20 minutes)
+#
+# 1. the two ways to replicate a model, *in-graph* and *between-graph*, and which one each program uses;
+# 2. to run the seeds' TF1 programs (seed 000's `distribute.py`, sync and async) in every task from one cell;
+# 3. TensorFlow 2's own parameter-server API, `ParameterServerStrategy` + `ClusterCoordinator`, on the
+#    same cluster, and why it is not `model.fit` here;
+# 4. TF2's all-reduce (`MultiWorkerMirroredStrategy`), which needs no ps at all;
+# 5. to compare what the four of them compute, and why they differ.
+#
 # Seed 003 names the two ways to replicate a model:
 #
 # * **in-graph**: one client builds the whole computation and places its pieces on the tasks. That is what
@@ -24,7 +33,20 @@
 #   its own graph. That is seed 000's `distribute.py`, typed once per machine, with output read from `ps0.out`,
 #   `worker0.out`, `worker1.out` afterwards.
 #
-# `%%tf_px` makes that one cell: the cell's code runs inside every task. Each task finds `cluster`
+# ```text
+#   in-graph                                   between-graph
+#
+#        kernel (the one client)                kernel: sends the cell, collects the output
+#      ┌────────┼──────────┐                   ┌────────┼──────────┐
+#      ▼        ▼          ▼                   ▼        ▼          ▼
+#    ps:0   worker:0   worker:1              ps:0   worker:0   worker:1
+#    holds  runs ops   runs ops              runs   runs the   runs the
+#           sent to it sent to it            join() program,   program,
+#                                                   a client   a client
+#                                                   of ps:0    of ps:0
+# ```
+#
+# `%%tf_px` makes between-graph one cell: the cell's code runs inside every task. Each task finds `cluster`
 # (a `tf.train.ClusterSpec`), `job_name`, `task_index`, `server` (its own running server) and `TF_CONFIG`
 # ready, so the seeds' programs run with only their flag parsing and their `tf.train.Server(...)` line removed.
 # Output comes back live, each line prefixed with its task.
@@ -52,6 +74,10 @@ print(
 # Two tfmagic defaults keep this fast on one machine (documented in the README): non-chief sessions look for the
 # chief every second (TF: 30 s), and a session closes after 2 s even if the chief's queue runner still waits for
 # gradients (TF: 120 s).
+
+# %% [markdown]
+# **Predict:** 150 synchronous updates, two workers, two gradients aggregated per update. How many local
+# steps will each worker take: 75, 150, or something else?
 
 # %%
 # %%tf_px
@@ -148,6 +174,10 @@ print(f"kernel-driven sync (in-graph):  held-out loss {engine_sync.final_loss:.5
 # The same program with `issync = False`: each worker applies its own gradients. A fresh cluster first, because
 # `SyncReplicasOptimizer` left its token queue on the ps.
 
+# %% [markdown]
+# **Predict:** without `SyncReplicasOptimizer`, each gradient is its own update. How will the 150 updates
+# be shared between the two workers now?
+
 # %%
 # %tf_cluster start --ps 1 --workers 2 --replace
 
@@ -212,6 +242,9 @@ elif job_name == "worker":
 (float(final_w[0][0]), float(final_b[0]))
 
 # %% [markdown]
+# Together the workers took the 150 updates, each its share: nobody waited, and each worker's gradient was
+# computed on weights that the other may have changed meanwhile (staleness; notebook 02 measures it).
+#
 # ## TF2's all-reduce: `MultiWorkerMirroredStrategy`
 #
 # TF2 has no synchronous parameter-server training; its synchronous way is **all-reduce**: every worker holds a
@@ -268,6 +301,78 @@ print(
 (float(final_w[0][0]), float(final_b[0]), allreduce_seconds)
 
 # %% [markdown]
+# ## TF2's parameter servers: `ParameterServerStrategy` + `ClusterCoordinator`
+#
+# TensorFlow 2 kept parameter servers, but turned the program around: the tasks run no program at all
+# (they are plain servers, exactly what `%tf_cluster start` runs), and **one coordinator** (here: this
+# kernel) creates the variables on the ps and *schedules* step functions; the `ClusterCoordinator` sends
+# each one to whichever worker is free. That is in-graph again, with asynchronous updates.
+#
+# TensorFlow's tutorial drives it with Keras' `model.fit`, which needs Keras 2 (`tf_keras`): Keras 3, the
+# Keras of TensorFlow 2.16 and later, does not support parameter-server training
+# ([keras-team/keras#18624](https://github.com/keras-team/keras/issues/18624)). What works, and is all
+# there is to it, is a custom loop: a dataset per worker, a step function, `schedule`, `join`.
+#
+# It needs a cluster with a ps again; the all-reduce one has none.
+#
+# **Predict:** the cluster is a fresh one with nothing on it. After the next cell, where will `weight` live?
+
+# %%
+# %tf_cluster start --ps 1 --workers 2 --replace
+
+# %%
+import time
+
+import tensorflow as tf
+
+tf.get_logger().setLevel("ERROR")  # the strategy's INFO lines about connecting; errors still show
+cluster = tfmagic.current_cluster()
+strategy = tf.distribute.ParameterServerStrategy(cluster.resolver())
+coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+with strategy.scope():
+    weight = tf.Variable(tf.zeros([1, 1]), name="weight")
+    bias = tf.Variable(tf.zeros([1]), name="bias")
+
+
+def dataset_fn(context):
+    x, y = data.shard(context.input_pipeline_id, context.num_input_pipelines)
+    return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(16)
+
+
+per_worker = coordinator.create_per_worker_dataset(
+    lambda: strategy.distribute_datasets_from_function(dataset_fn)
+)
+batches = iter(per_worker)
+
+
+@tf.function
+def train_step(batches):
+    def replica(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(tf.matmul(xb, weight) + bias - yb))
+        gw, gb = tape.gradient(loss, [weight, bias])
+        weight.assign_sub(0.1 * gw)
+        bias.assign_sub(0.1 * gb)
+        return loss
+
+    xb, yb = next(batches)
+    return strategy.run(replica, args=(xb, yb))
+
+
+t0 = time.time()
+losses = [coordinator.schedule(train_step, args=(batches,)) for _ in range(150)]
+coordinator.join()
+pss_w, pss_b = float(weight.numpy()[0][0]), float(bias.numpy()[0])
+print(f"weight lives on {weight.device}")
+print(f"150 scheduled steps in {time.time() - t0:.2f} s: w = {pss_w:.4f}, b = {pss_b:.4f}")
+print(f"last step's loss, fetched from the worker that ran it: {losses[-1].fetch():.5f}")
+
+# %% [markdown]
+# The variables went to the ps because the strategy's scope put them there; the steps ran on the workers
+# (the coordinator chose which); the kernel fetched only what it asked for. The `RemoteValue` that
+# `schedule` returns is a promise: `fetch()` waits for the step and brings its result back.
+
+# %% [markdown]
 # ## What differs and why
 
 # %%
@@ -278,6 +383,7 @@ rows = [
     ("all-reduce sync (MWMS, between-graph)", aw, ab),
     ("ps sync (seed 000, SyncReplicasOptimizer)", sw, sb),
     ("ps async (seed 000)", yw, yb),
+    ("ps async (ParameterServerStrategy, TF2)", pss_w, pss_b),
 ]
 for name, w, b in rows:
     print(f"{name:42s} w = {w:.4f}  b = {b:.4f}  held-out loss {held_out(w, b):.5f}")
@@ -288,9 +394,38 @@ print(f"{'kernel-driven sync (tfmagic.train)':42s} held-out loss {engine_sync.fi
 #   with the same data and learning rate they compute the same weights (a test checks it to float tolerance).
 # * **ps sync** (`SyncReplicasOptimizer`) counts gradients, not workers: a step is taken when any
 #   `replicas_to_aggregate` gradients have arrived, and stale ones are dropped.
-# * **ps async** applies every gradient as it comes: no waiting, some staleness.
+# * **ps async** applies every gradient as it comes: no waiting, some staleness. `ParameterServerStrategy` does
+#   the same from one coordinator instead of one program per worker.
 # * Between-graph, each task builds its own graph and session; in-graph, one client drives all tasks. The first
 #   scales to many workers without a central client; the second is easier to watch and to steer from a notebook.
 
 # %%
 # %tf_cluster stop
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. In the asynchronous seed program, make worker 1 a straggler: add `import time` and
+#    `if task_index == 1: time.sleep(0.02)` inside the training loop. **Predict** the split of the 150
+#    updates, then run it (on a fresh `--ps 1 --workers 2` cluster).
+# 2. In the `ParameterServerStrategy` cell, schedule 600 steps instead of 150. Does the held-out loss in the
+#    comparison go down much? Why not?
+# 3. Why did the asynchronous seed program need a fresh cluster after the synchronous one?
+# 4. The coordinator picks a free worker for each step. What would happen to the `ParameterServerStrategy`
+#    loop if you ran `%tf_cluster slow worker:1 8` first, and what would happen to the synchronous seed
+#    program?
+#
+# <details><summary>Solutions (click to open)</summary>
+#
+# 1. Worker 0 takes most of the updates (each of worker 1's steps lasts at least 20 ms, worker 0's a few
+#    ms): asynchronous training does not wait for a straggler, it just gets fewer gradients from it.
+# 2. Hardly: the data is y = 2x + 10 plus noise of variance 0.01, and 150 steps already reach that noise
+#    floor. More steps cannot fit noise that is not in the model.
+# 3. `SyncReplicasOptimizer` keeps its gradient accumulators and token queue on the ps, and the variables
+#    of the first program stay there too: a second program with the same variable names would find the
+#    first one's state. A fresh cluster starts from empty ps tasks (in TF1 terms, a new `ps0`).
+# 4. The coordinator sends more steps to the fast worker, so the loop slows down only by worker 1's share;
+#    the synchronous program waits for worker 1 at every update, so it runs at worker 1's pace (notebook 03
+#    measures both).
+#
+# </details>

@@ -16,6 +16,22 @@
 # %% [markdown]
 # # 05 · Beyond one machine: local, SSH and Spark, and what stays the same
 #
+# **What you will learn** (about 20 minutes)
+#
+# 1. how the same task process is started by three engines (a local process, `ssh`, a Spark barrier task),
+#    and what ties each one to this kernel so that nothing outlives it;
+# 2. what changes from one backend to another (start time, addresses, who can reach the servers) and
+#    what does not (the spec, placement, training, the results);
+# 3. to attach to a cluster someone else started, and what tfmagic then refuses to do to it;
+# 4. how the same cluster description becomes a Slurm script or Kubernetes manifests.
+#
+# ```text
+#   this kernel ──pipe──► local task process          (same machine)
+#               ──ssh───► python -m tfmagic.task_main (on node1, node2, ...)
+#               ──Spark─► barrier task ─relay─► task  (one Spark job, a task per TF task)
+#   every task: the same tf.distribute.Server, the same spec, the same %%tf_device
+# ```
+#
 # The seeds' users outgrow one machine. Seed 000 and 002 type one command per host; seed 000 and 003 hand the
 # cluster to Spark/YARN through TensorFlowOnSpark. tfmagic launches the **same task process** on each of these
 # engines and keeps everything above it the same. This notebook trains one model, from the same initial weights
@@ -140,9 +156,13 @@ if HAVE_SPARK:
 # %% [markdown]
 # ## What changed, and what did not
 #
-# Every run started from the same weights (seed 0) and fed each worker the same shard of the same data. Sync SGD
-# with all workers taking part computes exactly what one process would, so the **final loss is the same on every
-# backend**, while the start time and the step rate show what the engine and the network cost:
+# **Predict:** every run started from the same weights (seed 0) and fed each worker the same shard of the
+# same data. Will the final losses be equal on every backend, or only close? And which backend starts
+# fastest?
+#
+# Sync SGD with all workers taking part computes exactly what one process would, so the **final loss is
+# the same on every backend**, while the start time and the step rate show what the engine and the network
+# cost:
 
 # %%
 base = results["local"]
@@ -189,3 +209,32 @@ print("computed on", tf.reduce_sum(tf.ones(4)).device)
 # %tf_cluster stop
 print("the attached tasks still run:", all(p.alive for p in other.procs.values()))
 other.stop()
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. Which addresses does `%tf_cluster spec` show for the local cluster, and why could a task on another
+#    machine not use them?
+# 2. `%tf_cluster export k8s --ps 1 --workers 2 --image python:3.11` prints manifests. Find each task's
+#    `TF_CONFIG` in them: how does `worker:1` learn the address of `ps:0` in Kubernetes?
+# 3. In the attach section, before `%tf_cluster stop`, try `%tf_cluster kill worker:0` on the attached
+#    cluster. What does tfmagic answer, and why is that the right answer?
+# 4. The comparison table shows steps per second per backend. On one machine, why can the SSH backend
+#    not be faster than the local one, even though the tasks are the same?
+#
+# <details><summary>Solutions (click to open)</summary>
+#
+# 1. `127.0.0.1:PORT` for every task: local tasks listen on loopback only, which no other machine can
+#    reach. The SSH backend uses each host's own address in the spec instead (or loopback plus tunnels
+#    with `--tunnel`).
+# 2. Each task gets a headless Service named after it (`tfmagic-ps-0`, `tfmagic-worker-1`, ...), and every
+#    Pod's `TF_CONFIG` lists the tasks by those names (`"ps": ["tfmagic-ps-0:2222"]`): `worker:1` reaches
+#    `ps:0` through the cluster's DNS, whatever node its Pod landed on.
+# 3. It refuses, in one line: tfmagic did not start those processes, so it does not kill them (`stop`
+#    only detaches). Someone else owns them; killing them could end their work.
+# 4. The same processes do the same work on the same cores; SSH only adds its session (and, with
+#    namespace hosts, a virtual network) between the kernel and the tasks. The table shows what that
+#    costs, not a speed-up.
+#
+# </details>
+

@@ -211,10 +211,16 @@ def _check_live(page, name: str) -> None:
     except Exception:
         page.screenshot(path=str(ARTIFACTS / f"{name}-failed.png"), full_page=True)
         raise
-    poll_for(lambda: _updates(_read_dashboard(page)[1]) > 0, 120, what="training to show in the dashboard")
+    # past the warm-up: a run's first update can be followed by seconds of tracing on a loaded
+    # machine, when nothing new is drawn (the CI failure: "1 updates" in both frames)
+    poll_for(lambda: _updates(_read_dashboard(page)[1]) > 20, 120, what="training to show in the dashboard")
     src1, head1 = _read_dashboard(page)
-    time.sleep(1.5)
-    src2, head2 = _read_dashboard(page)
+
+    def newer():
+        src, head = _read_dashboard(page)
+        return (src, head) if src != src1 and _updates(head) > _updates(head1) else None
+
+    src2, head2 = poll_for(newer, 15, what="a new frame with more updates")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"{name}-page.png"), full_page=True)
     page.locator(".tfmagic-dashboard").first.screenshot(path=str(ARTIFACTS / f"{name}-dashboard.png"))
