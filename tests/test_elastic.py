@@ -7,6 +7,7 @@ spares); every test leaves it at 1 ps + 2 workers.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 
 import pytest
@@ -43,7 +44,7 @@ def two_workers(cluster):
         cluster.remove(cluster.tasks("worker")[-1])
     from tfmagic.errors import TfmagicError
 
-    with contextlib.suppress(TfmagicError):  # a ps still holding variables stays (the last test's)
+    with contextlib.suppress(TfmagicError):  # a ps holding what cannot move stays (a failed test's)
         while len(cluster.tasks("ps")) > 1:
             cluster.remove(cluster.tasks("ps")[-1])
 
@@ -248,9 +249,10 @@ def test_twenty_add_remove_cycles_during_async_leave_no_orphan_and_lose_no_updat
     poll_for(lambda: not (set(task_processes()) & left), 15, what=f"no orphan of the cycles ({left})")
 
 
-def test_a_ps_added_while_idle_takes_the_next_runs_variables_and_goes_only_when_empty(two_workers):
+def test_a_ps_added_while_idle_takes_the_next_runs_variables_and_an_ended_runs_move_off_it(two_workers):
     import gc
 
+    import numpy as np
     import tensorflow as tf
 
     import tfmagic
@@ -266,8 +268,10 @@ def test_a_ps_added_while_idle_takes_the_next_runs_variables_and_goes_only_when_
     with cluster.device("ps:1"):
         w = tf.Variable(1.0)
     assert float((w + v).numpy()) == 8.0
-    with pytest.raises(TfmagicError, match="holds 1 variable"):
-        cluster.remove("ps:1")
+    with pytest.raises(TfmagicError, match="holds 1 variable.s. you made") as err:
+        cluster.remove("ps:1")  # tfmagic cannot point `w` at a copy
+    assert "\n" not in str(err.value) and "cannot re-point" in str(err.value)
+    assert cluster.shape.ps == 2 and cluster.procs["ps:1"].alive
     del w
     gc.collect()
     pid = cluster.procs["ps:1"].pid
@@ -276,12 +280,21 @@ def test_a_ps_added_while_idle_takes_the_next_runs_variables_and_goes_only_when_
     assert cluster.shape.ps == 1 and float(v.numpy()) == 7.0
 
     cluster.add("ps")
-    history = tfmagic.train(cluster, "async", steps=60, name="elastic-ps")
+    run = tfmagic.train(cluster, "async", steps=60, block=False, name="elastic-ps")
+    history = run.wait()
     assert history.steps == 60
     held = {str(r.task) for r in cluster.placement().rows if "elastic-ps" in r.owner}
     assert held == {"ps:0", "ps:1"}  # the next run spread its variables over both
-    with pytest.raises(TfmagicError, match="holds"):
-        cluster.remove("ps:1")  # they would be lost
+    before = run.weights()
+    pid = cluster.procs["ps:1"].pid
+    cluster.remove("ps:1")  # the run ended: its variables are moved off at once, not lost
+    assert_gone([pid])
+    held = {str(r.task) for r in cluster.placement().rows if "elastic-ps" in r.owner}
+    assert held == {"ps:0"}
+    for a, b in zip(before, run.weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    left = [e for e in run.history.events if e.kind == "left" and e.task == "ps:1"]
+    assert left and "moved in" in left[0].detail and "not stepping" in left[0].detail, left
 
 
 def test_ssh_cluster_grows_and_shrinks_in_place(no_leaks):
@@ -384,3 +397,198 @@ def test_paced_async_a_leaving_worker_applies_or_drops_its_held_gradient(two_wor
     assert run.params.read_step() == len(run.history.global_steps) == run.history.steps
     steps = sorted(g.step for g in run.history.global_steps)
     assert steps == list(range(1, len(steps) + 1))
+
+
+def _moved(event) -> int:
+    """The bytes a run's ``left`` event for a ps says it moved."""
+    import re
+
+    found = re.search(r"\((?:.*), (\d+) bytes\)", event.detail)
+    assert found, event.detail
+    return int(found.group(1))
+
+
+def _longest_gap(history, around: float) -> float:
+    """The longest time between two updates next to ``around`` (the pause a change cost)."""
+    times = sorted(g.time for g in history.global_steps)
+    gaps = [b - a for a, b in zip(times, times[1:]) if around - 30 < b < around + 30]
+    return max(gaps)
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"], ids=["async", "fused-sync"])
+def test_removing_a_ps_during_training_moves_its_variables_off_first(two_workers, mode):
+    """2 ps + 2 workers; ps:1 removed mid-run: the run pauses, moves its variables (and slots) to
+    ps:0, records what it moved and how long it paused, and trains on from where it was."""
+    import tfmagic
+
+    cluster = two_workers
+    cluster.add("ps")
+    name = f"elastic-ps-off-{mode}"
+    run = tfmagic.train(
+        cluster, mode, model="digits", optimizer="momentum", steps=10**6, block=False, name=name
+    )
+    try:
+        poll_for(lambda: run.history.steps > 60, 120, what=f"{mode} to start stepping")
+        assert run.history.config["engine"] == ("async" if mode == "async" else "fused")
+        before = {str(r.task) for r in cluster.placement().rows if name in r.owner}
+        assert before == {"ps:0", "ps:1"}
+        pid = cluster.procs["ps:1"].pid
+        t0 = time.monotonic()
+        removed = cluster.remove("ps:1")
+        took = time.monotonic() - t0
+        assert_gone([pid])
+        assert cluster.shape.ps == 1 and "ps:1" not in cluster.procs
+        n = run.history.steps
+        poll_for(lambda: run.history.steps > n + 60, 60, what=f"{mode} to go on with ps:0 alone")
+        assert run.running
+        rows = [r for r in cluster.placement().rows if name in r.owner]
+        assert {str(r.task) for r in rows} == {"ps:0"}, rows
+        assert len(rows) == 2 * len(run.params.variables) + 1, rows  # each weight, its slot, the step
+        where = {v.device.split("/device")[0] for v in [*run.params.variables, *run.params.optimizer.slots]}
+        assert where == {"/job:ps/replica:0/task:0"}
+    finally:
+        run.stop()
+    assert run.error is None, run.error
+    assert run.params.read_step() == len(run.history.global_steps) == run.history.steps
+    steps = sorted(g.step for g in run.history.global_steps)
+    assert steps == list(range(1, len(steps) + 1))  # every update recorded once, none lost
+    left = [e for e in run.history.events if e.kind == "left" and e.task == "ps:1"]
+    assert len(left) == 1, left  # the run's own, with the figures (not the cluster's "process ended")
+    event = left[0]
+    size = _moved(event)
+    assert size > 0 and "moved in" in event.detail and "steps held" in event.detail, event.detail
+    assert removed.notes == [f"training run {name}: {event.detail}"]  # what the magic prints after
+    gap = _longest_gap(run.history, event.time)
+    print(f"\n{mode}: remove() {took:.2f} s; {event}; longest gap between updates {gap:.2f} s")
+    g = sorted(run.history.global_steps, key=lambda x: x.step)
+    first = sum(x.loss for x in g[:10]) / 10
+    last_before = [x.loss for x in g if event.step - 20 < x.step <= event.step]
+    after = [x.loss for x in g if event.step < x.step <= event.step + 20]
+    assert after and last_before
+    mean_after, mean_before = sum(after) / len(after), sum(last_before) / len(last_before)
+    assert mean_after < first  # on from where it was, not from the start
+    assert mean_after < mean_before * 1.5 + 0.05, (mean_before, mean_after)
+    final = run.history.final_loss  # held-out, read from ps:0 after the run
+    assert final is not None and math.isfinite(final) and final < first, (first, final)
+
+
+def test_a_ps_holding_what_cannot_move_stays_and_says_why_in_one_line(two_workers):
+    """A user's variable on the ps, or a per-worker sync run (backup workers) training with variables
+    there: one line, nothing changed; once the run ended its variables no longer block."""
+    import gc
+
+    import tensorflow as tf
+    from IPython.core.error import UsageError
+    from IPython.core.interactiveshell import InteractiveShell
+
+    import tfmagic
+    from tfmagic import session
+    from tfmagic.errors import TfmagicError
+    from tfmagic.magics.cluster import ClusterMagics
+
+    cluster = two_workers
+    cluster.add("ps")
+    cluster.connect()
+    run = tfmagic.train(cluster, "sync", backup_workers=1, steps=10**6, block=False, name="elastic-ps-stays")
+    try:
+        poll_for(lambda: run.history.steps > 10, 120, what="sync with a backup worker to start")
+        with cluster.device("ps:1"):
+            mine = tf.Variable([1.0, 2.0], name="mine")
+        pids = {t: p.pid for t, p in cluster.procs.items()}
+        with pytest.raises(TfmagicError, match="holds 1 variable.s. you made") as err:
+            cluster.remove("ps:1")
+        said = str(err.value)
+        assert "\n" not in said and "mine" in said and "cannot re-point" in said and "del" in said, said
+        del mine
+        gc.collect()
+        with pytest.raises(TfmagicError, match="cannot move them while it trains") as err:
+            cluster.remove("ps:1")
+        said = str(err.value)
+        assert "\n" not in said and "elastic-ps-stays" in said and "run.stop()" in said, said
+        magics = ClusterMagics(shell=InteractiveShell.instance())
+        sess = session.default()
+        previous, sess.cluster = sess.cluster, cluster
+        try:
+            with pytest.raises(UsageError, match="cannot move them while it trains") as err:
+                magics.tf_cluster("remove ps:1")
+            assert "\n" not in str(err.value)
+        finally:
+            sess.cluster = previous
+        assert {t: p.pid for t, p in cluster.procs.items()} == pids and cluster.shape.ps == 2
+        n = run.history.steps
+        poll_for(lambda: run.history.steps > n + 5, 30, what="the run going on, untouched")
+    finally:
+        run.stop()
+    assert run.error is None, run.error
+    assert not [e for e in run.history.events if e.kind == "leaving"]  # refused before anything began
+    pid = cluster.procs["ps:1"].pid
+    cluster.remove("ps:1")  # the run ended: its variables move off and no longer block
+    assert_gone([pid])
+    assert {str(r.task) for r in cluster.placement().rows if "elastic-ps-stays" in r.owner} == {"ps:0"}
+
+
+def test_a_paced_run_keeps_the_ps_it_trains_on_and_says_why(two_workers):
+    import tfmagic
+    from tfmagic.errors import TfmagicError
+    from tfmagic.pace import Pace
+
+    cluster = two_workers
+    cluster.add("ps")
+    cluster.pace = Pace.parse("50ms")
+    try:
+        run = tfmagic.train(cluster, "async", steps=10**6, block=False, name="elastic-ps-paced")
+        try:
+            poll_for(lambda: run.history.steps > 5, 120, what="paced async to start")
+            assert run.history.config["engine"] == "paced"
+            with pytest.raises(TfmagicError, match="cannot move them while it trains") as err:
+                cluster.remove("ps:1")
+            said = str(err.value)
+            assert "\n" not in said and "paced" in said and "elastic-ps-paced" in said, said
+            assert cluster.shape.ps == 2 and cluster.procs["ps:1"].alive
+        finally:
+            run.stop()
+    finally:
+        cluster.pace = None
+    assert run.error is None, run.error
+    assert run.params.read_step() == len(run.history.global_steps) == run.history.steps
+    pid = cluster.procs["ps:1"].pid
+    cluster.remove("ps:1")
+    assert_gone([pid])
+
+
+def test_a_run_that_cannot_pause_keeps_the_ps_and_the_removal_says_why(two_workers):
+    """worker:1 stopped (SIGSTOP) mid-call: async cannot pause to move its variables, so ps:1 stays
+    (one line saying why); once worker:1 goes on, the same removal moves them and ps:1 goes."""
+    import os
+    import signal
+
+    import tfmagic
+    from tfmagic.errors import TfmagicError
+
+    cluster = two_workers
+    cluster.add("ps")
+    run = tfmagic.train(cluster, "async", model="digits", steps=10**6, block=False, name="elastic-ps-stuck")
+    victim = cluster.procs["worker:1"].pid
+    try:
+        poll_for(lambda: run.history.steps > 30, 120, what="async to start stepping")
+        os.kill(victim, signal.SIGSTOP)
+        try:
+            with pytest.raises(TfmagicError, match="was not removed") as err:
+                cluster.remove("ps:1")
+            said = str(err.value)
+            assert "\n" not in said and "worker:1 did not pause" in said and "elastic-ps-stuck" in said, said
+            assert cluster.shape.ps == 2 and cluster.procs["ps:1"].alive
+            assert [e.kind for e in cluster.events if e.task == "ps:1"][-2:] == ["leaving", "stayed"]
+        finally:
+            os.kill(victim, signal.SIGCONT)
+        n = run.history.steps
+        poll_for(lambda: run.history.steps > n + 30, 60, what="async going on with both ps")
+        pid = cluster.procs["ps:1"].pid
+        cluster.remove("ps:1")
+        assert_gone([pid])
+        n = run.history.steps
+        poll_for(lambda: run.history.steps > n + 30, 60, what="async going on with ps:0 alone")
+    finally:
+        run.stop()
+    assert run.error is None, run.error
+    assert run.params.read_step() == len(run.history.global_steps) == run.history.steps

@@ -1,4 +1,4 @@
-"""Elastic membership: add workers to a running cluster and remove them, restarting nothing.
+"""Elastic membership: add workers and ps to a running cluster and remove them, restarting nothing.
 
 The cluster spec of a TensorFlow server is fixed when it starts, but the
 eager client's is not: ``context.update_server_def`` with a definition that
@@ -11,7 +11,7 @@ its role, then renew the connection in place; shrinking is: let the runs
 that use the task finish with it, end its process, renew the connection.
 
 Task indices of the others stay what they were: only the **highest-numbered
-worker** can be removed.  TensorFlow accepts sparse indices, but every
+worker** (or ps) can be removed.  TensorFlow accepts sparse indices, but every
 other part of a cluster (a job's ``0..n-1`` addresses in ``TF_CONFIG``,
 exports, shards of the data, the placement map) reads a job as a list;
 a hole in it would be one more state everything must handle, for no gain
@@ -30,15 +30,33 @@ pauses and moves the variables whose round-robin place changed to it
 (:meth:`~tfmagic.training.params.ParameterStore.respread`, the bytes moved
 and the pause recorded on its history); paced runs and sync with backup
 workers keep theirs where they are; the next run spreads its own over every
-ps.  Moving variables *off* a ps is not done yet, so a ps can only be
-removed while it holds no variable (the placement map says which it holds).
+ps.  Only the highest-numbered ps can be removed, and its variables are
+moved off it first, the same way: while it is ``leaving`` it is out of every
+run's ps set, so an async or plain sync run that trains and keeps variables
+there holds the departure, pauses at a step boundary, re-spreads its
+variables (and optimizer slots) round-robin over the ps that stay (with
+three ps or more a variable on a staying ps can move too: ``w{i}`` goes to
+``ps:{i % n}``), records ``ps:1 left at step 104: 336 B moved in 0.01 s
+(...); steps held 0.03 s`` on its history (a ``left`` event the dashboard
+marks) and lets go; a run that is not stepping (it ended, or has not begun)
+has its variables moved at once by :func:`remove`.  Only then does the
+process end; :attr:`Removed.notes` says what each run moved.  Runs register
+themselves with :func:`track` so that :func:`remove` can ask each what it
+keeps on the ps before anything happens.  What cannot be moved makes the
+removal refuse, in one line, with the cluster as it was: variables a user
+made there (``%%tf_device ps:1``, ``cluster.device("ps:1")``, a
+``%%tf_px`` cell: tfmagic cannot re-point the user's Python objects at a
+copy), and those of a paced run or of the per-worker sync loop while it
+trains (gradients in flight, a buffer per worker beside each variable).
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from . import client
 from .errors import BadClusterShape, NotOwned, UnknownTask
@@ -114,6 +132,72 @@ _departures: dict[tuple[int, str], Departure] = {}
 def departure(cluster_id: int, task: TaskName) -> Departure | None:
     """The departure under way of ``task`` in cluster ``cluster_id`` (None: it is not leaving)."""
     return _departures.get((cluster_id, str(task)))
+
+
+class PsHolder(Protocol):
+    """What :func:`remove` asks of a training run (its failure policy) before a ps goes."""
+
+    #: why its last move off a leaving ps did not happen (None: it did, or none was asked)
+    move_error: str | None
+    #: the ps it moved its variables off, and what it recorded on its history about it
+    moved_off: dict[TaskName, str]
+
+    def ps_report(self, task: TaskName) -> tuple[str, list[str], str | None]:
+        """(run name, names it keeps on ``task``, why it cannot move them now or None)."""
+        ...
+
+    def move_off_now(self, task: TaskName) -> None:
+        """Move them off ``task`` now if the run is not stepping (a stepping run moves at a pause)."""
+        ...
+
+
+_holders: dict[int, weakref.WeakSet] = {}
+_holders_lock = threading.Lock()
+
+
+def track(cluster_id: int, holder: PsHolder) -> None:
+    """A run keeping variables on cluster ``cluster_id``'s ps: asked about them before a ps is removed.
+
+    Held weakly: a run that is garbage-collected (and its variables with it) drops out by itself.
+    """
+    with _holders_lock:
+        _holders.setdefault(cluster_id, weakref.WeakSet()).add(holder)
+
+
+def _holders_of(cluster_id: int) -> list[PsHolder]:
+    with _holders_lock:
+        return list(_holders.get(cluster_id, ()))
+
+
+#: Owners (in the placement map) of what tfmagic's training engine makes: it can move those.
+_ENGINE_OWNERS = ("training ", "sync gradient buffers")
+
+
+def _names(names: list[str], n: int = 3) -> str:
+    return ", ".join(names[:n]) + (", ..." if len(names) > n else "")
+
+
+def _check_ps_can_go(cluster, t: TaskName) -> None:
+    """Refuse (one line, nothing changed) when something on ``t`` cannot be moved off it."""
+    rows = [r for r in cluster.placement().rows if r.task == t and not r.freed]
+    mine = [r for r in rows if not r.owner.startswith(_ENGINE_OWNERS)]
+    if mine:
+        owners = sorted({r.owner for r in mine})
+        raise BadClusterShape(
+            f"{t} holds {len(mine)} variable(s) you made ({_names([r.name for r in mine])}; by "
+            f"{_names(owners, 2)}): tfmagic moves a training run's variables off a leaving ps but cannot "
+            f"re-point your own Python objects at a copy, so removing {t} would lose them. Copy what you "
+            f"need to another ps (with cluster.device('ps:0'): v2 = tf.Variable(v)), del the ones on {t}, "
+            "then remove it again"
+        )
+    for holder in _holders_of(cluster.id):
+        name, held, why = holder.ps_report(t)
+        if held and why:
+            raise BadClusterShape(
+                f"{t} holds {len(held)} variable(s) of training run {name} ({_names(held)}), which cannot "
+                f"move them while it trains: {why}. Stop it (run.stop()) or let it end, then remove {t} "
+                "again; async and plain sync runs move theirs off a leaving ps"
+            )
 
 
 def _check_owned(cluster) -> None:
@@ -244,7 +328,7 @@ def add(cluster, job: str = "worker", count: int = 1, timeout: float | None = No
 
 
 def remove(cluster, task: str | TaskName, drain: bool = False, timeout: float = RELEASE_TIMEOUT) -> Removed:
-    """End ``task`` (the highest-numbered worker, or ps holding no variable) once the runs using it let go.
+    """End ``task`` (the highest-numbered worker or ps) once the runs using it let go.
 
     ``drain=True``: a run lets the worker finish the step it is computing
     (applied and recorded); ``drain=False``: the step not yet applied is
@@ -252,6 +336,11 @@ def remove(cluster, task: str | TaskName, drain: bool = False, timeout: float = 
     either way (ending a worker inside its apply could count an update that
     was never applied): the runs stop giving it work and say when their
     last call returned.  The others keep their indices and their state.
+
+    A ps goes once every training run's variables are moved off it (see the
+    module's docstring); ``drain`` does not apply.  Variables a user made
+    there, or a paced or per-worker sync run training with variables there,
+    make it refuse before anything changes.
     """
     defn = cluster._need_running()
     _check_owned(cluster)
@@ -272,14 +361,10 @@ def remove(cluster, task: str | TaskName, drain: bool = False, timeout: float = 
             f"only the highest-numbered {t.job} can be removed ({last}), so the other tasks keep their "
             f"indices; remove {last} instead"
         )
-    if t.job == "ps":
-        held = [r.name for r in cluster.placement().rows if r.task == t]
-        if held:
-            raise BadClusterShape(
-                f"{t} holds {len(held)} variable(s) ({', '.join(held[:3])}{', ...' if len(held) > 3 else ''}): "
-                "removing it would lose them, and moving them away first is not done yet. Let the runs "
-                "that made them end and be forgotten, or keep it"
-            )
+    # a ps that is gone (or does not answer) took its variables with it: nothing to move, nothing to lose
+    moving = t.job == "ps" and _answers(cluster, t)
+    if moving:
+        _check_ps_can_go(cluster, t)
     if cluster.collective:
         raise BadClusterShape("a collective (all-reduce) cluster's workers form one group fixed at start")
     t0 = time.monotonic()
@@ -288,18 +373,28 @@ def remove(cluster, task: str | TaskName, drain: bool = False, timeout: float = 
         raise BadClusterShape(f"{t} is already being removed")
     dep = _departures[key] = Departure(t, drain)
     try:
-        cluster.emit("leaving", t, "finishing its current step" if drain else "its step under way is dropped")
+        if moving:
+            cluster.emit("leaving", t, "the runs move their variables off it first")
+            for holder in _holders_of(cluster.id):
+                holder.move_off_now(t)  # runs not stepping; a stepping one moves at its next pause
+        else:
+            cluster.emit(
+                "leaving", t, "finishing its current step" if drain else "its step under way is dropped"
+            )
         holders = dep.wait(timeout)
         waited = time.monotonic() - t0
-        notes = (
-            [f"{', '.join(holders)} did not let go of {t} within {timeout:g} s; it was removed anyway"]
-            if holders
-            else []
-        )
-        with cluster._lock:
-            answers = cluster.procs[t].alive and not cluster.condition(t).startswith(
-                ("stopped", "not answering")
+        notes = []
+        if moving:
+            _check_moved_off(cluster, t, holders, timeout)
+            for holder in _holders_of(cluster.id):
+                if t in holder.moved_off:
+                    notes.append(f"training run {holder.ps_report(t)[0]}: {holder.moved_off[t]}")
+        elif holders:
+            notes.append(
+                f"{', '.join(holders)} did not let go of {t} within {timeout:g} s; it was removed anyway"
             )
+        with cluster._lock:
+            answers = _answers(cluster, t)
             proc = cluster.procs.pop(t)
             if proc.pid is not None:
                 cluster._killed_on_purpose.add(proc.pid)
@@ -321,6 +416,32 @@ def remove(cluster, task: str | TaskName, drain: bool = False, timeout: float = 
         _departures.pop(key, None)
     cluster.emit("left", t, f"process {proc.pid} ended" + (" after its step" if drain else ""))
     return Removed(t, time.monotonic() - t0, drain, waited, notes)
+
+
+def _answers(cluster, t: TaskName) -> bool:
+    return cluster.procs[t].alive and not cluster.condition(t).startswith(("stopped", "not answering"))
+
+
+def _check_moved_off(cluster, t: TaskName, holders: list[str], timeout: float) -> None:
+    """After the runs let go: a run that still keeps something on ``t`` (it could not pause in time,
+    or began to train with variables there since the check) keeps ``t`` in the cluster, and says so."""
+    for holder in _holders_of(cluster.id):
+        name, held, why = holder.ps_report(t)
+        if held:
+            reason = (
+                why
+                or holder.move_error
+                or (
+                    f"it did not pause to move them within {timeout:g} s"
+                    if holders
+                    else "they could not be moved"
+                )
+            )
+            cluster.emit("stayed", t, f"training run {name} still keeps variables there")
+            raise BadClusterShape(
+                f"{t} was not removed: training run {name} still keeps {len(held)} variable(s) there "
+                f"({_names(held)}): {reason}. Stop the run (run.stop()) and remove {t} again"
+            )
 
 
 def _check_memory(cluster, count: int) -> None:
@@ -348,4 +469,4 @@ def _threads(tasks_on_host: int) -> dict[str, int]:
     return {"intra": share, "inter": max(2, share)}
 
 
-__all__ = ["Added", "Departure", "Removed", "add", "departure", "remove"]
+__all__ = ["Added", "Departure", "PsHolder", "Removed", "add", "departure", "remove", "track"]

@@ -47,6 +47,13 @@ class AsyncLoop:
 
     def run(self) -> None:
         """Every worker steps on its own until the ps has counted ``steps`` updates."""
+        self.policy.begin_loop()
+        try:
+            self._run()
+        finally:
+            self.policy.end_loop()  # a ps still to leave: nothing steps now, its variables move off it
+
+    def _run(self) -> None:
         for w in self.policy.members():
             w.thread = threading.Thread(
                 target=with_own_executor(self.work), args=(w,), name=f"tfmagic-async-{w.task}", daemon=True
@@ -56,7 +63,7 @@ class AsyncLoop:
         while not self.control.stopping:
             time.sleep(0.1)
             self.start_joined()
-            if self.policy.respread_pending:
+            if self.policy.respread_pending:  # a ps joined, or one is leaving with variables of this run
                 if self.pace is not None:
                     self.policy.no_respread("a paced run holds gradients in flight between its calls")
                 else:
@@ -94,7 +101,9 @@ class AsyncLoop:
 
     def pause_and_respread(self, timeout: float = 10.0) -> None:
         """Pause every stepping worker (its call in flight returns, its rows are read), move the
-        variables over the new ps set, and let the workers go on (each placed again first)."""
+        variables over the new ps set (onto a ps that joined, off one that is leaving), and let the
+        workers go on (each placed again first)."""
+        paused_at = time.time()
         self.pausing.set()
         try:
             deadline = time.monotonic() + timeout
@@ -118,7 +127,7 @@ class AsyncLoop:
                     f"{', '.join(w.task for w in busy())} did not pause within {timeout:g} s"
                 )
                 return
-            self.policy.respread(self.training.step_now())
+            self.policy.respread(self.training.step_now(), paused_at=paused_at)
         finally:
             self.pausing.clear()
 

@@ -5,6 +5,11 @@
   to do; a restarted worker rejoins;
 * a ps is lost: its variables are gone; the run stops within a second and
   ``resume()`` continues from the last checkpoint once the ps is restarted;
+* a ps is removed (``cluster.remove("ps:1")``): an async or plain sync run
+  pauses at a step boundary and moves its variables off it first (see
+  :meth:`FailurePolicy.respread`); a run that is not training moves them at
+  once; the others make the removal refuse, saying why (see
+  :func:`tfmagic.elastic.remove`);
 * the cluster stops (or is replaced): the run ends at once, saying so;
 * the loss becomes NaN or infinite: the run stops at that update and says
   what to try.
@@ -13,9 +18,10 @@
 from __future__ import annotations
 
 import math
+import threading
 import time
 
-from .. import client, doctor
+from .. import client, doctor, elastic
 from ..errors import TrainingError
 from ..events import Event
 from ..metrics import History
@@ -36,8 +42,18 @@ class FailurePolicy:
         self.history = history
         self.params = params
         self.workers: dict[TaskName, Worker] = {}
-        #: a ps joined: the run's loop re-spreads the variables at a pause (async, plain sync) or notes why not
+        #: a ps joined or is leaving: the run's loop re-spreads the variables at a pause (async, plain sync)
+        #: or notes why not
         self.respread_pending = False
+        #: ps being removed whose departure this run holds until its loop moved the variables off them
+        self.ps_leaving: list[TaskName] = []
+        #: ps this run moved its variables off, and what it recorded (its "left" event, with the figures)
+        self.moved_off: dict[TaskName, str] = {}
+        self._moving = threading.RLock()  # a loop starting or ending vs. a ps leaving
+        self._looping = False
+        #: why the last move off a leaving ps did not happen (the removal says it); None once one did
+        self.move_error: str | None = None
+        elastic.track(self.cluster.id, self)
 
     # -- what the cluster says ------------------------------------------------
     def on_cluster_event(self, event: Event) -> None:
@@ -49,13 +65,18 @@ class FailurePolicy:
         task = event.task
         if task is None:
             return
-        if not (event.kind in ("joined", "left") and self.run.mode == "sync"):
+        if task.job == "ps" and event.kind == "left":
+            if task not in self.moved_off:  # else recorded when the variables moved, with the figures
+                self.history.add_event(event, step=self.run.step_now())
+        elif not (event.kind in ("joined", "left") and self.run.mode == "sync"):
             # sync records membership at the step boundary where the replica count changes
             self.history.add_event(event, step=self.run.step_now())
         if task.job == "worker" and event.kind == "joined":
             self.join(task)
         elif task.job == "ps" and event.kind == "joined":
             self.respread_pending = True  # the loop moves variables at its next pause (see respread)
+        elif task.job == "ps" and event.kind == "leaving":
+            self.ps_leave(task)
         elif task.job == "worker" and event.kind == "leaving" and task in self.workers:
             self.leave(task)
         elif task.job == "worker" and task in self.workers:
@@ -122,26 +143,145 @@ class FailurePolicy:
         """The workers taking part now (sync: the replicas), lost ones included."""
         return [w for w in self.workers.values() if w.joined and not w.retired and not w.dropping]
 
-    def respread(self, t: int, replace_workers: bool = True) -> None:
+    # -- a ps removed (see tfmagic.elastic.remove) ------------------------------------
+    def cannot_move(self) -> str | None:
+        """Why this run's loop cannot move its variables while it trains (None: it can)."""
+        if self.run.kind == "paced":
+            return "a paced async run holds gradients in flight between its calls"
+        if self.run.kind == "sync":
+            return (
+                "the per-worker sync loop (backup workers, a pace, or a worker missing at its start) keeps "
+                "a gradient buffer per worker beside each variable"
+            )
+        return None
+
+    def ps_report(self, task: TaskName) -> tuple[str, list[str], str | None]:
+        """For :func:`tfmagic.elastic.remove`: (this run's name, what it keeps on ``task``, why it
+        cannot move that now, None if it can)."""
+        with self._moving:
+            held = self.params.held_on(task)
+            return self.run.name, held, self.cannot_move() if held and self._looping else None
+
+    def ps_leave(self, task: TaskName) -> None:
+        """A ps is leaving: a training loop that keeps variables there moves them at its next pause.
+
+        The run holds the departure until then, so the ps process ends only
+        once nothing of the run is left on it.  A run whose loop is not
+        running is moved by :meth:`move_off_now` instead.
+        """
+        dep = elastic.departure(self.cluster.id, task)
+        proc = self.cluster.procs.get(task)
+        with self._moving:
+            if dep is None or not self._looping or self.cannot_move() is not None:
+                return
+            if proc is None or not proc.alive:  # gone with its variables: the run fails as for a lost ps
+                return
+            if not self.params.held_on(task):
+                return
+            self.move_error = None
+            dep.hold(self.run.who)
+            self.ps_leaving.append(task)
+            self.respread_pending = True  # the loop moves them at its next pause (see respread)
+        self.control.wake()
+
+    def move_off_now(self, task: TaskName) -> None:
+        """Called by :func:`tfmagic.elastic.remove` for every run: one whose loop is not running (it
+        ended, or has not begun) and keeps variables on ``task`` moves them now; a training one
+        moves them at its next pause (or cannot, and the removal says so)."""
+        with self._moving:
+            self.moved_off.pop(task, None)  # from an earlier removal of a ps of that name
+            if self._looping or not self.params.held_on(task):
+                return
+            self.move_error = None
+            try:
+                self.params.drop_buffers_on(task)  # an ended per-worker sync run's: a new start makes them
+                self.respread(self.run.step_now(), replace_workers=True, leaving=[task])
+            except Exception as exc:  # noqa: BLE001 - the removal sees what is left there and says why
+                clear_executor()
+                self.move_error = (
+                    f"moving them failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                )
+
+    def begin_loop(self) -> None:
+        """The run's loop starts stepping: from now a leaving ps is moved off at one of its pauses."""
+        with self._moving:
+            self._looping = True
+
+    def end_loop(self) -> None:
+        """The run's loop ended: no step runs any more, so a ps it was asked to leave is moved off now."""
+        with self._moving:
+            self._looping = False
+            if self.ps_leaving:
+                try:
+                    self.respread(self.run.step_now(), replace_workers=False)
+                except Exception as exc:  # noqa: BLE001 - the removal sees what is left there and says why
+                    clear_executor()
+                    self.move_error = (
+                        f"moving them failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                    )
+                    self._release_leaving()
+
+    def _take_leaving(self) -> list[TaskName]:
+        with self._moving:
+            leaving, self.ps_leaving = self.ps_leaving, []
+            return leaving
+
+    def _release_leaving(self, leaving: list[TaskName] | None = None) -> None:
+        if leaving is None:
+            leaving = self._take_leaving()
+        for task in leaving:
+            dep = elastic.departure(self.cluster.id, task)
+            if dep is not None:
+                dep.release(self.run.who)
+
+    def respread(
+        self,
+        t: int,
+        replace_workers: bool = True,
+        paused_at: float | None = None,
+        leaving: list[TaskName] | None = None,
+    ) -> None:
         """Move the variables over the ps set now (every step paused by the caller); recorded as an event.
 
-        The workers' step functions captured the old variables: each worker
-        is placed again (quietly) before its next step.
+        The ps set is the cluster's, less a ps being removed
+        (:attr:`~.params.ParameterStore.ps_tasks`): after an add this moves
+        variables onto the new ps (a ``respread`` event), during a removal
+        off the leaving one (a ``left`` event for that ps, with the bytes
+        moved and how long the steps were held since ``paused_at``), and the
+        departure is released so the ps process can end.  The workers' step
+        functions captured the old variables: each worker is placed again
+        (quietly) before its next step.
         """
         self.respread_pending = False
-        t0 = time.time()
-        size, moved = self.params.respread()
-        for w in self.workers.values():
-            if replace_workers and not w.retired:
-                w.joined, w.rebuild = False, True  # placed again, without a "rejoin" event
-        self.run.history.layout = self.run.layout()
-        self.history.add_event(
-            "respread",
-            None,
-            f"{len(moved)} variable(s) moved ({', '.join(moved) or 'none'}): {size} bytes in "
-            f"{time.time() - t0:.2f} s; the workers' steps are then built again",
-            step=t,
-        )
+        if leaving is None:
+            leaving = self._take_leaving()
+        try:
+            going = [task for task in leaving if elastic.departure(self.cluster.id, task) is not None]
+            t0 = time.time()
+            size, moved = self.params.respread()
+            took = time.time() - t0
+            for w in self.workers.values():
+                if replace_workers and not w.retired:
+                    w.joined, w.rebuild = False, True  # placed again, without a "rejoin" event
+            self.run.history.layout = self.run.layout()
+        except BaseException:
+            self._release_leaving(leaving)
+            raise
+        what = f"{len(moved)} variable(s) moved ({', '.join(moved) or 'none'})"
+        if not going:
+            self.history.add_event(
+                "respread",
+                None,
+                f"{what}: {size} bytes in {took:.2f} s; the workers' steps are then built again",
+                step=t,
+            )
+        held = "" if paused_at is None else f"; steps held {time.time() - paused_at:.2f} s"
+        after = "the step functions are then built again" if self._looping else "the run was not stepping"
+        for task in going:
+            detail = f"{_kb(size)} moved in {took:.2f} s ({what}, {size} bytes){held}; {after}"
+            self.moved_off[task] = detail
+            self.history.add_event("left", task, detail, step=t)
+        self._release_leaving(leaving)
 
     def no_respread(self, why: str) -> None:
         if self.respread_pending:
@@ -149,6 +289,9 @@ class FailurePolicy:
             self.history.add_event(
                 "respread", None, f"a ps joined; this run keeps its variables where they are ({why})"
             )
+        if self.ps_leaving:  # the pause did not happen: the removal says why, and the ps stays
+            self.move_error = why
+            self._release_leaving()
 
     def ps_lost(self, task: TaskName) -> TrainingError:
         ckpt = self.run.checkpoints.last()
@@ -269,6 +412,14 @@ class FailurePolicy:
 
     def all_lost(self) -> bool:
         return all(w.lost for w in self.workers.values())
+
+
+def _kb(n: int) -> str:
+    """Bytes as the events say them: ``9.5 kB``, ``1.2 MB``."""
+    for unit, size in (("GB", 2**30), ("MB", 2**20), ("kB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
 
 
 __all__ = ["FailurePolicy"]

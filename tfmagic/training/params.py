@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import client, placement
+from .. import client, elastic, placement
 from ..spec import TaskName
 from .optimizers import Optimizer
 
@@ -33,8 +33,28 @@ class ParameterStore:
 
     @property
     def ps_tasks(self) -> list[TaskName]:
+        """The ps tasks the variables are spread over: every ps but one being removed (see tfmagic.elastic)."""
         shape = self.cluster.shape
-        return [TaskName("ps", i) for i in range(shape.ps)] if shape.ps else [TaskName("worker", 0)]
+        ps = [TaskName("ps", i) for i in range(shape.ps)]
+        staying = [t for t in ps if elastic.departure(self.cluster.id, t) is None]
+        return (staying or ps) if shape.ps else [TaskName("worker", 0)]
+
+    def held_on(self, task: TaskName) -> list[str]:
+        """The names of what this run keeps on ``task``: variables, their slots, gradient buffers."""
+
+        def on(v) -> bool:
+            try:
+                return TaskName.parse(v.device) == task
+            except Exception:  # noqa: BLE001 - a device string that names no task: not on it
+                return False
+
+        names = [v.name.split(":")[0] for v in self.variables]
+        out = [n for n, v in zip(names, self.variables) if on(v)]
+        out += [f"{n} (slot)" for n, s in zip(names, self.optimizer.slots) if on(s)]
+        if self.global_step is not None and on(self.global_step):
+            out.append("global_step")
+        out += [b.name.split(":")[0] for row in self.buffers for b in row if on(b)]
+        return out
 
     def place(self, weights: list[np.ndarray], step: int, slots: list[np.ndarray] | None = None) -> None:
         """Create the variables (and slots, and the global step at ``step``) on the ps tasks."""
@@ -96,10 +116,14 @@ class ParameterStore:
     def respread(self) -> tuple[int, list[str]]:
         """Move each variable (and its slot) whose round-robin ps changed to it: (bytes moved, names).
 
-        After a ps joined, ``w{i}`` belongs on ``ps:{i % n}`` again; a new
-        variable is made there from the old one's value (copied from ps to
-        ps) and takes its place in the run.  The caller pauses every step
-        that uses the variables and rebuilds the step functions after.
+        After a ps joined, or while one is being removed (:attr:`ps_tasks`
+        leaves it out), ``w{i}`` belongs on ``ps:{i % n}`` of the ps that
+        stay; a new variable is made there from the old one's value (copied
+        from ps to ps) and takes its place in the run.  The caller pauses
+        every step that uses the variables and rebuilds the step functions
+        after.  Gradient buffers (the per-worker sync loop's) are not moved:
+        that loop never moves its variables while it trains (see
+        :meth:`drop_buffers_on`).
         """
         import tensorflow as tf
 
@@ -121,8 +145,16 @@ class ParameterStore:
                         old = slots[i]
                         slots[i] = tf.Variable(old.read_value(), trainable=False)
                         size += old.dtype.size * int(old.shape.num_elements() or 0)
-                moved.append(f"{v.name.split(':')[0]} to {target}")
+                slot = " and its slot" if i < len(slots) else ""
+                moved.append(f"{v.name.split(':')[0]}{slot} to {target}")
         return size, moved
+
+    def drop_buffers_on(self, task: TaskName) -> bool:
+        """Forget the sync gradient buffers if any is on ``task`` (a run that ended: a new start makes them)."""
+        if any(TaskName.parse(b.device) == task for row in self.buffers for b in row):
+            self.buffers = []
+            return True
+        return False
 
     def ps_alive(self) -> bool:
         """Whether every ps task runs (False once the cluster stopped: nothing to read then)."""

@@ -68,6 +68,13 @@ class SyncLoop:
 
     def run(self, first: int, last: int) -> None:
         """Updates ``first`` .. ``last - 1``: wait for enough gradients of each, average, apply."""
+        self.policy.begin_loop()  # from here a ps holding its variables cannot be removed (see cannot_move)
+        try:
+            self._run(first, last)
+        finally:
+            self.policy.end_loop()
+
+    def _run(self, first: int, last: int) -> None:
         self.first = first
         self.members = {w.task for w in self.policy.members()}
         self.start_workers()
@@ -339,6 +346,13 @@ class FusedSyncLoop:
 
     def run(self, first: int, last: int) -> None:
         """Updates ``first`` .. ``last - 1``: each one call that computes, averages and applies."""
+        self.policy.begin_loop()
+        try:
+            self._run(first, last)
+        finally:
+            self.policy.end_loop()  # a ps still to leave: nothing steps now, its variables move off it
+
+    def _run(self, first: int, last: int) -> None:
         import tensorflow as tf
 
         done = None  # the updates whose numbers are recorded while the next call runs
@@ -347,11 +361,13 @@ class FusedSyncLoop:
             if self.control.stopping:
                 break
             if self.changed():
+                since = done[3] if done is not None else time.time()  # the last call returned
                 if done is not None:  # recorded against the workers that made it
                     self.record(*done)
                     done = None
-                if self.policy.respread_pending:  # a ps joined: the update is one call, so this is a pause
-                    self.policy.respread(t, replace_workers=False)
+                if self.policy.respread_pending:  # a ps joined or is leaving: one call per update, so
+                    # between two calls nothing is in flight: this is the pause
+                    self.policy.respread(t, replace_workers=False, paused_at=since)
                 self.reconcile(t, per_call)
             if t + per_call > last:  # the last few updates: one call each (another function)
                 per_call, self.update = 1, self.single()
