@@ -59,7 +59,7 @@ def test_same_shape_is_reused_other_shape_says_how_to_replace(kernel, started):
 
 
 def test_status_is_an_html_table(kernel, started):
-    reply = kernel.ok("%tf_cluster status")
+    reply = kernel.ok("%tf_cluster status   # a comment, as the README writes them, is not an argument")
     assert "<table>" in reply.html and "worker:1" in reply.html and "PSS" in reply.html
     assert "running" in reply.text
 

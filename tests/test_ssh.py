@@ -144,6 +144,35 @@ def test_training_runs_on_ssh_tasks(ssh_cluster, local_cluster):
     assert again.final_loss == pytest.approx(first.final_loss, rel=1e-5)
 
 
+def test_traffic_of_ssh_tasks_is_measured_on_their_hosts(ssh_cluster):
+    """Tasks on other hosts read their own TCP counters (the ``sockets`` op over the SSH channel):
+    worker <-> ps bytes over a training run match what the model must move, within 30 %, as on
+    local tasks (tests/test_inside.py)."""
+    from tfmagic.training.models import Digits
+
+    model = Digits(hidden=4096)
+    params = 64 * 4096 + 4096 + 4096 * 10 + 10
+    before = ssh_cluster.traffic()
+    history = tfmagic.train(ssh_cluster, mode="async", steps=40, model=model, seed=2)
+    after = ssh_cluster.traffic()
+    steps = len(history.records)
+
+    def moved(src_job, dst_job):
+        return sum(
+            row["bytes"] - before.between(row["src"], row["dst"])
+            for row in after
+            if row["src"].startswith(src_job) and row["dst"].startswith(dst_job)
+        )
+
+    expected = steps * params * 4
+    up, down = moved("worker", "ps"), moved("ps", "worker")
+    print(f"ssh: worker->ps {up / 1e6:.1f} MB, ps->worker {down / 1e6:.1f} MB, model {expected / 1e6:.1f} MB")
+    assert 0.7 * expected <= up <= 1.3 * expected, (up, expected, str(after))
+    assert 0.7 * expected <= down <= 1.3 * expected, (down, expected, str(after))
+    # both workers' links are there, the one on ps:0's host and the one on the other host
+    assert {r["src"] for r in after if r["dst"] == "ps:0" and r["bytes"]} >= {"worker:0", "worker:1"}
+
+
 def test_slow_kill_restart_on_a_remote_task(ssh_cluster):
     import tensorflow as tf
 

@@ -14,7 +14,6 @@ import contextlib
 import html
 import io
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator

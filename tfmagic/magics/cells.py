@@ -15,7 +15,7 @@ from .. import client, doctor, session
 from ..errors import ShownAbove, TfmagicError
 from ..spec import TaskName
 from . import render
-from .verbs import identifier, unquote
+from .verbs import identifier, unquote, without_comment
 
 
 @magics_class
@@ -59,7 +59,7 @@ class CellMagics(Magics):
         task.  Interrupting the kernel interrupts the tasks' cells.  A cell
         cannot read input (``input()``, ``breakpoint()``): a task has no keyboard.
         """
-        args = parse_argstring(self.tf_px, line)
+        args = parse_argstring(self.tf_px, without_comment(line))
         cluster = session.default().running()
         if cluster is None:
             raise UsageError(
@@ -199,7 +199,7 @@ class CellMagics(Magics):
         The kernel is the client; the cell's Python runs here, its ops there.
         Interrupt the kernel to stop waiting on a task that does not answer.
         """
-        spec = unquote(line)
+        spec = unquote(without_comment(line))
         if not spec:
             raise UsageError("%%tf_device needs a task, for example: %%tf_device worker:1")
         cluster = session.default().running()

@@ -10,7 +10,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from .. import experiments
 from ..errors import TfmagicError
-from .verbs import count, positive
+from .verbs import count, positive, without_comment
 
 
 class Listing:
@@ -64,7 +64,7 @@ class ExperimentMagics(Magics):
         Each starts and stops its own clusters (at most 150 s, 2 GB); a
         cluster you started stays as it was, though its memory counts.
         """
-        args = parse_argstring(self.tf_experiment, line)
+        args = parse_argstring(self.tf_experiment, without_comment(line))
         if args.name is None:
             return Listing()
         if args.name not in experiments.names():

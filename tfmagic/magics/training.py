@@ -11,7 +11,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from .. import session
 from ..errors import TfmagicError
 from . import render
-from .verbs import count, positive, positive_count, seconds, unquote
+from .verbs import count, positive, positive_count, seconds, unquote, without_comment
 
 
 @magics_class
@@ -84,7 +84,7 @@ class TrainingMagics(Magics):
         While it trains the kernel stays free: slow or kill a worker
         (%tf_cluster slow worker:1) and watch what each mode does.
         """
-        args = parse_argstring(self.tf_train, line)
+        args = parse_argstring(self.tf_train, without_comment(line))
         cluster = session.default().running()
         if cluster is None:
             raise UsageError(
@@ -174,7 +174,7 @@ class TrainingMagics(Magics):
         It follows the last run started with %tf_train (or tfmagic.train with
         block=False) and the current cluster, refreshing while something trains.
         """
-        args = parse_argstring(self.tf_dashboard, line)
+        args = parse_argstring(self.tf_dashboard, without_comment(line))
         if args.refresh < 0.05:
             raise UsageError(
                 f"--refresh {args.refresh:g} is too fast: give seconds between frames, 0.05 or more"

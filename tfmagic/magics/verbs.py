@@ -82,6 +82,36 @@ def unquote(text: str) -> str:
     return text
 
 
+def without_comment(line: str) -> str:
+    """A magic's line without a trailing ``# comment``, as Python would read it.
+
+    IPython hands a line magic everything after its name, comments included,
+    so ``%tf_cluster start --ps 1   # one ps`` failed with "unrecognized
+    arguments: # one ps" (the README and this package's own docstrings wrote
+    it that way).  A ``#`` starts a comment at the start of the line or after
+    whitespace, outside quotes; inside a word (``host#1``) it stays.
+
+    >>> without_comment("start --ps 1   # one ps, two workers")
+    'start --ps 1'
+    >>> without_comment("attach 'x # y' # the quoted one stays")
+    "attach 'x # y'"
+    >>> without_comment("start --hosts node#1")
+    'start --hosts node#1'
+    """
+    quote = None
+    for i, ch in enumerate(line):
+        if quote:
+            if ch == "\\":
+                continue
+            if ch == quote and (i == 0 or line[i - 1] != "\\"):
+                quote = None
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i].rstrip()
+    return line.rstrip()
+
+
 @dataclass
 class Verb:
     name: str
@@ -146,7 +176,7 @@ class Verbs:
         return "\n".join(lines)
 
     def run(self, obj, line: str):
-        words = line.strip().split(None, 1)
+        words = without_comment(line).strip().split(None, 1)
         name = words[0] if words else self.default
         rest = words[1] if len(words) > 1 else ""
         if name in ("-h", "--help", "help"):
