@@ -776,8 +776,9 @@ class Cluster:
         return elastic.add(self, job, count, timeout)
 
     def remove(self, task: str | TaskName, drain: bool = False) -> elastic.Removed:
-        """End the highest-numbered worker once the runs using it are done with it (see
-        :func:`tfmagic.elastic.remove`; ``drain=False`` drops its step not yet applied)."""
+        """End the highest-numbered worker or ps once the runs using it are done with it (see
+        :func:`tfmagic.elastic.remove`): a worker's step not yet applied is dropped unless
+        ``drain``; a ps's variables are first moved onto the ps that stay."""
         return elastic.remove(self, task, drain)
 
     # -- inspection ------------------------------------------------------

@@ -1,6 +1,7 @@
 """What happens, and who wants to know: one event type and one way to follow things.
 
-A cluster (a task slowed, killed, restarted, lost; the cluster stopped), a
+A cluster (a task slowed, killed, restarted, lost, joined, leaving, left or
+stayed after a removal that could not go on; the cluster stopped), a
 training run (a worker lost or rejoined, a gradient dropped, a resume) and a
 ``%%tf_px`` cell (a step it reported) all say what happened with the same
 :class:`Event`, and everything that follows something (the dashboard, a

@@ -411,7 +411,9 @@ class ClusterMagics(Magics):
             f"the cluster has {cluster.shape.describe()}."
         )
 
-    @verb("remove the highest-numbered worker (or an empty ps); --drain lets a worker finish its step first")
+    @verb(
+        "remove the highest-numbered worker or ps (a ps: its variables moved off first); --drain lets a worker finish its step"
+    )
     @arg("task", nargs="?", default=None, help="worker:2")
     @arg("--drain", action="store_true", help="finish its step under way (default: drop it unapplied)")
     def cmd_remove(self, args):
