@@ -12,8 +12,9 @@ A :class:`TrafficMeter` samples the sockets of the cluster's processes once
 a second (on SSH hosts each task reads its own sockets on its host and
 answers over its channel) and keeps, per link, the bytes since the cluster
 started (closed connections keep their last count) and a recent rate.
-Cost: one ``ss`` call a second (a few milliseconds); see
-``bench/traffic.py``.
+Cost: one ``ss`` call a second without ``-p`` (its owner lookup reads every
+process's descriptors; the meter reads only the cluster's own, see
+:func:`socket_inodes`), a few milliseconds; see ``bench/inside.py``.
 """
 
 from __future__ import annotations
@@ -84,18 +85,58 @@ def parse_ss(output: str, pids: set[int] | None = None) -> list[Socket]:
     return out
 
 
+def socket_inodes(pids: set[int]) -> dict[int, int]:
+    """Socket inode -> pid, for the sockets ``pids`` hold (read from ``/proc/PID/fd``).
+
+    ``ss -p`` finds the owner of every socket by reading the descriptors of
+    every process on the machine; the meter only needs the cluster's own few
+    processes, so it reads theirs alone and asks ``ss`` for inodes (``-e``).
+    """
+    import os
+
+    found: dict[int, int] = {}
+    for pid in pids:
+        fd_dir = f"/proc/{pid}/fd"
+        try:
+            names = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for name in names:
+            try:
+                target = os.readlink(f"{fd_dir}/{name}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                found[int(target[8:-1])] = pid
+    return found
+
+
+_INODE = re.compile(r"\bino:([0-9]+)")
+
+
 def own_sockets(pids: set[int] | None = None) -> list[Socket]:
     """This host's established TCP sockets of ``pids`` (all when None); [] without ``ss``."""
     ss = shutil.which("ss")
     if ss is None:
         return []
+    flags = "-tinpH" if pids is None else "-tineH"
     try:
         out = subprocess.run(
-            [ss, "-tinpH", "state", "established"], capture_output=True, text=True, timeout=10
+            [ss, flags, "state", "established"], capture_output=True, text=True, timeout=10
         ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return []
-    return parse_ss(out, pids)
+    if pids is None:
+        return parse_ss(out, None)
+    owner = socket_inodes(pids)
+    # the same lines, each head given the owner ss -p would have named: parse_ss reads pid=N
+    lines = out.splitlines()
+    for i, line in enumerate(lines):
+        m = _INODE.search(line)
+        if m and not line.startswith(("\t", " ")):
+            pid = owner.get(int(m.group(1)))
+            lines[i] = f'{line} users:(("?",pid={pid},fd=0))' if pid is not None else line
+    return parse_ss("\n".join(lines), pids)
 
 
 @dataclass
