@@ -233,8 +233,8 @@ with tf.Graph().as_default():
 # Start a cluster again first (`%tf_cluster start --ps 2 --workers 2`) and re-run the cells the
 # exercise needs.
 #
-# 1. Put `b` on `ps:0` as well and run `%tf_cluster map`. What does the note under the map say now,
-#    and why would it matter for a model with millions of parameters?
+# 1. Put `b` on `ps:0` as well (in the cell that makes it) and run `%tf_cluster map` right after. What does
+#    the note under the map say, and why would it matter for a model with millions of parameters?
 # 2. Change the fitting loop so that `worker:1` runs three steps out of four. Do `w` and `b` still reach
 #    2 and 10? What does `steps per worker` say, and what do the two workers' logs say?
 # 3. Run `%tf_cluster kill worker:1`, then the fitting loop again. Which error do you get, and what does
@@ -244,17 +244,19 @@ with tf.Graph().as_default():
 #
 # <details><summary>Solutions (click to open)</summary>
 #
-# 1. All four of our bytes, and both of the digits model's big kernels, are on `ps:0`: the note names
-#    `ps:0` as the one that holds (nearly) all the bytes and suggests more ps. Every worker reads and
-#    writes those bytes each step, so one ps's network card carries all the traffic: the parameter-server
-#    bottleneck (notebook 07 measures it).
+# 1. Only `ps:0` is listed (`ps:1` holds nothing), with 100 % of the ps bytes, and the note calls `ps:0`'s
+#    link the bottleneck and suggests more ps tasks. For 8 bytes that costs nothing; with millions of
+#    parameters every worker reads and writes them all through `ps:0`'s one network card at every step,
+#    while `ps:1` idles: the parameter-server bottleneck (notebook 07 measures it).
 # 2. With `task = "worker:0" if i % 4 == 0 else "worker:1"`: yes, the variables are shared, so it does not
 #    matter which worker computes a step; `steps per worker` shows 50 against 150, and of the eight
 #    `tf.print` lines (steps 0, 25, ..., 175) `worker:0`'s log gets the two of steps 0 and 100, `worker:1`'s
 #    the other six.
-# 3. The cell fails at once with a one-line error naming `worker:1` (its server does not answer);
-#    `%tf_cluster why` says `worker:1` has exited. After `restart`, the same loop works again, and `w` and
-#    `b` kept their values: they were on the ps, which never stopped.
+# 3. The loop stops at its first step on `worker:1`, before anything is sent: `cluster.device("worker:1")`
+#    raises `TaskLost: worker:1 (pid ...) is not running (exit code -9); restart it: cluster.restart('worker:1')`.
+#    `%tf_cluster why` says it is dead (killed by signal 9), shows the end of its log, and gives the same
+#    next step. After `restart`, the loop works again, and `w` and `b` kept their values: they were on
+#    the ps, which never stopped.
 # 4. The result is the same (w ≈ 2, b ≈ 10), but the variables are now in `worker:0`'s memory; a second
 #    client running on `worker:1` would read them across the network from `worker:0`. That is why the
 #    variables of a model shared by several workers go on a ps: no worker is special.
