@@ -1,6 +1,6 @@
 """Build the environment Binder builds, from binder/ alone, and run every notebook in it.
 
-    python binder/check.py [--env DIR] [--keep] [01 04 ...]
+    python binder/check.py [--env DIR] [--keep] [--reuse] [01 04 ...]
 
 What repo2docker does with this repository, short of the container: a fresh virtual
 environment of this Python (binder/runtime.txt names 3.11), ``pip install -r
@@ -57,11 +57,22 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", type=Path, default=None, help="where to build it (default: a temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the environment afterwards")
+    parser.add_argument(
+        "--reuse", action="store_true", help="an environment already built at --env: reinstall only tfmagic"
+    )
     parser.add_argument("notebooks", nargs="*", help="two-digit numbers (default: every notebook)")
     args = parser.parse_args()
     env = args.env or Path(tempfile.mkdtemp(prefix="tfmagic-binder-"))
     try:
-        python = build(env)
+        if args.reuse and (env / "bin" / "python").exists():
+            python = env / "bin" / "python"
+            subprocess.run(
+                [str(python), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", "."],
+                cwd=ROOT,
+                check=True,
+            )
+        else:
+            python = build(env)
         # not this checkout: the installed copy, as on Binder (run from elsewhere so '.' is not on the path)
         where = subprocess.run(
             [str(python), "-c", "import tfmagic; print(tfmagic.__file__)"],
