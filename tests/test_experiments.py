@@ -16,7 +16,7 @@ import tfmagic.experiments as ex
 from tfmagic.errors import TfmagicError, TrainingError
 from tfmagic.experiments.base import Check, Finding, conclude
 
-EXPECTED = ["stragglers", "backup-workers", "staleness", "noise", "ssp", "scaling"]
+EXPECTED = ["stragglers", "backup-workers", "staleness", "noise", "ssp", "scaling", "elastic"]
 
 
 # -- the registry and the verdict (no processes) -------------------------------------------------
@@ -83,6 +83,48 @@ def test_the_magic_lists_refuses_unknown_names_in_one_line_and_bad_seeds():
     for bad in ("stragglers --seed -2", "stragglers --seed x", "stragglers extra words", "ssp --memory 3"):
         with pytest.raises(UsageError):
             magics.tf_experiment(bad)
+
+
+@pytest.mark.unit
+def test_elastic_judges_each_size_from_its_own_window():
+    """Synthetic records: 2.5 steps/s per worker, except (when slowed) the 3-worker windows."""
+    import random
+
+    from tfmagic.experiments import elastic
+    from tfmagic.metrics import History, StepRecord
+
+    def finding(slow: int | None = None):
+        rng, h, t, update, windows = random.Random(0), History("async"), 1000.0, 0, []
+        clocks: dict[int, float] = {}
+        for phase, n in [("growing", 1), ("growing", 2), ("growing", 3), ("growing", 4)] + [
+            ("shrinking", 3),
+            ("shrinking", 2),
+            ("shrinking", 1),
+        ]:
+            clocks = {i: clocks.get(i, t) for i in range(n)}
+            for i in range(n):
+                while clocks[i] < t + 10:
+                    d = 0.4 * (1.3 if n == slow else 1) * rng.lognormvariate(0, 0.1)
+                    update += 1
+                    h.add_step(
+                        StepRecord(f"worker:{i}", update, clocks[i], clocks[i] + d, 1.0, update=update)
+                    )
+                    clocks[i] += d
+            windows.append((phase, n, t + 1.5, t + 9.5))
+            t += 10
+        return elastic.summarize(h, windows, [(t, "+worker:1")], [3.0] * 3, [0.5] * 3, 4, [])
+
+    good = finding()
+    assert len(good.checks) == 12 and all(c.passed for c in good.checks), [str(c) for c in good.checks]
+    assert 2.3 < good.measured["updates/s, 1 worker"] < 2.7
+    assert 0.9 < good.measured["over 4 x one, 4 workers"] < 1.1
+    assert good.figure is not None
+    slowed = finding(slow=3)
+    missed = [c.label for c in slowed.checks if not c.passed]
+    assert missed == [
+        "updates/s / (3 x one), 3 workers, growing",
+        "updates/s / (3 x one), 3 workers, shrinking",
+    ]
 
 
 # -- the engine's paced async records (a fix these experiments needed) ---------------------------

@@ -65,6 +65,7 @@ REGISTRY: dict[str, str] = {
     "noise": "noise",
     "ssp": "ssp",
     "scaling": "scaling",
+    "elastic": "elastic",
     "ps-bottleneck": "ps_bottleneck",
 }
 
