@@ -79,6 +79,51 @@ print("the model's gradient: 2,410 floats = 9.6 kB per step (the rest: gRPC fram
 # the framing is lost in the tensor, and the tests check the measured bytes against the model's
 # within 30 %.
 #
+# ## 2½ · When a worker dies: the proof of cooperation, live
+# Seed article 002 asks whether the nodes really cooperated. Each worker's steps and the bytes it
+# moved to and from the ps answer it; so does what happens to those numbers when one worker is
+# killed in the middle of an asynchronous run.
+#
+# **Predict:** three seconds before and three seconds after `worker:1` is killed: which numbers
+# keep growing, which stop, and does the run stop?
+
+# %%
+import time
+
+
+def cooperation(run):
+    """Per worker: the steps it ran in this run, and the bytes it sent to / received from the ps."""
+    t = cluster.traffic()
+    rows = {}
+    for w in ("worker:0", "worker:1"):
+        steps = sum(1 for r in run.history.records if str(r.task) == w)
+        sent = sum(r["bytes"] for r in t if r["src"] == w and r["dst"].startswith("ps"))
+        got = sum(r["bytes"] for r in t if r["dst"] == w and r["src"].startswith("ps"))
+        rows[w] = (steps, sent, got)
+    return rows
+
+
+run = tfmagic.train(cluster, mode="async", model="digits", steps=100_000, block=False)
+time.sleep(4)
+before = cooperation(run)
+# %tf_cluster kill worker:1
+time.sleep(4)
+after = cooperation(run)
+print(f"{'':9s} {'steps':>14s} {'sent to ps':>20s} {'received from ps':>22s}")
+for w in before:
+    (s0, a0, b0), (s1, a1, b1) = before[w], after[w]
+    print(
+        f"{w:9s} {s0:6d} -> {s1:6d} {a0 / 1e6:8.2f} -> {a1 / 1e6:6.2f} MB {b0 / 1e6:9.2f} -> {b1 / 1e6:6.2f} MB"
+    )
+print("the run is", "still training" if run.running else "stopped", f"({run.history.steps} updates)")
+run.stop()
+# %tf_cluster restart worker:1
+
+# %% [markdown]
+# The dead worker's numbers freeze at what it did before it died; the other worker's keep growing,
+# and the asynchronous run goes on without it (a synchronous one would stop and say why, notebook 03).
+# Nothing is lost: every update either worker applied is still on the ps.
+#
 # ## 3 · The parameter-server bottleneck
 # Loopback moves gigabytes a second, so on one machine the ps is never the bottleneck. A **modelled
 # network card** makes it one: `--net "ps:* rate=50mbit"` puts each ps behind a relay that passes

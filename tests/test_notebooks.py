@@ -261,3 +261,18 @@ def test_07_inside_the_cluster():
     assert "steps run: worker:0" in text and "worker:1" in text
     assert "ps-bottleneck (seed 0): the claim holds" in text, text[-4000:]
     assert "it is stopped (SIGSTOP" in text and "kill -CONT" in text
+    # a worker killed under async: its numbers freeze, the other's grow, the run goes on
+    rows = {
+        m.group(1): [float(x) for x in m.groups()[1:]]
+        for m in re.finditer(
+            r"^(worker:[01])\s+(\d+) ->\s+(\d+)\s+([\d.]+) ->\s+([\d.]+) MB\s+([\d.]+) ->\s+([\d.]+) MB",
+            text,
+            re.M,
+        )
+    }
+    assert set(rows) == {"worker:0", "worker:1"}, text[-3000:]
+    s0, s1, a0, a1, _, _ = rows["worker:0"]
+    assert s1 > s0 + 10 and a1 > a0, rows
+    k0, k1, b0, b1, _, _ = rows["worker:1"]
+    assert k0 > 10 and k1 - k0 <= 1 and b1 - b0 < 0.05 * b0 + 0.01, rows
+    assert "the run is still training" in text
