@@ -82,6 +82,12 @@ def main() -> int:
             check=True,
         ).stdout.strip()
         print(f"tfmagic imported from {where}")
+        config = env / "etc" / "jupyter" / "jupyter_server_config.d" / "tfmagic.json"
+        print(
+            "the Jupyter server extension is enabled by the install"
+            if config.exists()
+            else f"the Jupyter server extension is NOT enabled: {config} is missing"
+        )
         clean = {k: v for k, v in os.environ.items() if not k.startswith(("TFMAGIC_DEMO_", "PYTHONPATH"))}
         clean["PATH"] = f"{env / 'bin'}{os.pathsep}{clean.get('PATH', '')}"
         done = subprocess.run(
@@ -93,6 +99,8 @@ def main() -> int:
         )
         print(done.stdout, end="")
         bad = [ln for ln in done.stdout.splitlines() if " failed: " in ln or "NOT Binder" in ln]
+        if not config.exists():
+            bad.append("server extension")
         if done.returncode != 0:
             print(done.stderr[-3000:], file=sys.stderr)
         return 1 if bad or done.returncode != 0 else 0
