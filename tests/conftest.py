@@ -148,3 +148,12 @@ def no_leaks(request):
         15,
         what="every process this test started to end (or belong to a shared fixture)",
     )
+
+
+def bytes_moved(before, after, src_job: str, dst_job: str) -> int:
+    """Bytes sent from tasks of ``src_job`` to tasks of ``dst_job`` between two ``cluster.traffic()`` readings."""
+    return sum(
+        row["bytes"] - before.between(row["src"], row["dst"])
+        for row in after
+        if row["src"].startswith(src_job) and row["dst"].startswith(dst_job)
+    )

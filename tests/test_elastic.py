@@ -49,6 +49,18 @@ def two_workers(cluster):
             cluster.remove(cluster.tasks("ps")[-1])
 
 
+@contextlib.contextmanager
+def _paced(cluster, pace: str = "50ms"):
+    """The shared cluster paced for one test, unpaced again whatever happens."""
+    from tfmagic.pace import Pace
+
+    cluster.pace = Pace.parse(pace)
+    try:
+        yield cluster
+    finally:
+        cluster.pace = None
+
+
 def _applied(history, task) -> int:
     return sum(1 for r in history.records if r.task == task and r.applied and r.update)
 
@@ -377,12 +389,10 @@ def test_paced_async_a_leaving_worker_applies_or_drops_its_held_gradient(two_wor
     """Paced async holds each gradient until its modelled step ends: drain applies it, drop does not;
     either way every applied update is recorded."""
     import tfmagic
-    from tfmagic.pace import Pace
 
     cluster = two_workers
     cluster.add("worker")
-    cluster.pace = Pace.parse("50ms")
-    try:
+    with _paced(cluster):
         run = tfmagic.train(cluster, "async", steps=10**6, block=False, name=f"elastic-paced-{drain}")
         try:
             poll_for(lambda: _applied(run.history, "worker:2") > 3, 120, what="worker:2 stepping, paced")
@@ -391,8 +401,6 @@ def test_paced_async_a_leaving_worker_applies_or_drops_its_held_gradient(two_wor
             poll_for(lambda: run.history.steps > n + 10, 30, what="the others going on")
         finally:
             run.stop()
-    finally:
-        cluster.pace = None
     assert run.error is None, run.error
     assert run.params.read_step() == len(run.history.global_steps) == run.history.steps
     steps = sorted(g.step for g in run.history.global_steps)
@@ -530,12 +538,10 @@ def test_a_ps_holding_what_cannot_move_stays_and_says_why_in_one_line(two_worker
 def test_a_paced_run_keeps_the_ps_it_trains_on_and_says_why(two_workers):
     import tfmagic
     from tfmagic.errors import TfmagicError
-    from tfmagic.pace import Pace
 
     cluster = two_workers
     cluster.add("ps")
-    cluster.pace = Pace.parse("50ms")
-    try:
+    with _paced(cluster):
         run = tfmagic.train(cluster, "async", steps=10**6, block=False, name="elastic-ps-paced")
         try:
             poll_for(lambda: run.history.steps > 5, 120, what="paced async to start")
@@ -547,8 +553,6 @@ def test_a_paced_run_keeps_the_ps_it_trains_on_and_says_why(two_workers):
             assert cluster.shape.ps == 2 and cluster.procs["ps:1"].alive
         finally:
             run.stop()
-    finally:
-        cluster.pace = None
     assert run.error is None, run.error
     assert run.params.read_step() == len(run.history.global_steps) == run.history.steps
     pid = cluster.procs["ps:1"].pid

@@ -22,7 +22,7 @@ from tfmagic import doctor, traffic
 from tfmagic.px import run_px
 from tfmagic.training.models import Digits
 
-from .conftest import assert_gone, poll_for
+from .conftest import assert_gone, bytes_moved, poll_for
 
 pytestmark = pytest.mark.cluster
 
@@ -116,15 +116,8 @@ def test_worker_to_ps_traffic_matches_what_the_model_must_move(cluster):
     steps = len(history.records)
     assert steps == 60
 
-    def moved(src_job, dst_job):
-        total = 0
-        for row in after:
-            if row["src"].startswith(src_job) and row["dst"].startswith(dst_job):
-                total += row["bytes"] - before.between(row["src"], row["dst"])
-        return total
-
     expected = steps * params * 4
-    up, down = moved("worker", "ps"), moved("ps", "worker")
+    up, down = bytes_moved(before, after, "worker", "ps"), bytes_moved(before, after, "ps", "worker")
     print(f"worker->ps {up / 1e6:.1f} MB, ps->worker {down / 1e6:.1f} MB, model {expected / 1e6:.1f} MB")
     assert 0.7 * expected <= up <= 1.3 * expected, (up, expected)
     assert 0.7 * expected <= down <= 1.3 * expected, (down, expected)

@@ -17,7 +17,7 @@ import tfmagic
 from tfmagic.errors import ClusterStartError
 
 from . import sshhosts
-from .conftest import assert_gone, poll_for, share, task_processes
+from .conftest import assert_gone, bytes_moved, poll_for, share, task_processes
 from .kernelutil import Kernel
 
 pytestmark = [pytest.mark.cluster]
@@ -157,15 +157,8 @@ def test_traffic_of_ssh_tasks_is_measured_on_their_hosts(ssh_cluster):
     after = ssh_cluster.traffic()
     steps = len(history.records)
 
-    def moved(src_job, dst_job):
-        return sum(
-            row["bytes"] - before.between(row["src"], row["dst"])
-            for row in after
-            if row["src"].startswith(src_job) and row["dst"].startswith(dst_job)
-        )
-
     expected = steps * params * 4
-    up, down = moved("worker", "ps"), moved("ps", "worker")
+    up, down = bytes_moved(before, after, "worker", "ps"), bytes_moved(before, after, "ps", "worker")
     print(f"ssh: worker->ps {up / 1e6:.1f} MB, ps->worker {down / 1e6:.1f} MB, model {expected / 1e6:.1f} MB")
     assert 0.7 * expected <= up <= 1.3 * expected, (up, expected, str(after))
     assert 0.7 * expected <= down <= 1.3 * expected, (down, expected, str(after))

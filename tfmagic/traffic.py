@@ -32,6 +32,7 @@ _PID = re.compile(r"pid=([0-9]+)")
 _SENT = re.compile(r"bytes_sent:([0-9]+)")
 _ACKED = re.compile(r"bytes_acked:([0-9]+)")
 _RECV = re.compile(r"bytes_received:([0-9]+)")
+_INODE = re.compile(r"\bino:([0-9]+)")
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,12 @@ def _host(text: str) -> str:
     return text.removeprefix("::ffff:")
 
 
-def parse_ss(output: str, pids: set[int] | None = None) -> list[Socket]:
-    """Sockets from ``ss -tinpH state established`` output (only those of ``pids`` when given)."""
+def parse_ss(output: str, pids: set[int] | None = None, owners: dict[int, int] | None = None) -> list[Socket]:
+    """Sockets from ``ss -tinpH state established`` output (only those of ``pids`` when given).
+
+    With ``owners`` (socket inode -> pid, see :func:`socket_inodes`) the output is ``ss -tineH``'s
+    and each socket's pid is its inode's owner instead of ``ss -p``'s ``pid=``.
+    """
     out = []
     lines = output.splitlines()
     i = 0
@@ -62,10 +67,14 @@ def parse_ss(output: str, pids: set[int] | None = None) -> list[Socket]:
         parts = head.split()
         if len(parts) < 4:
             continue
-        m_pid = _PID.search(head)
-        if m_pid is None:
+        if owners is None:
+            m_pid = _PID.search(head)
+            pid = int(m_pid.group(1)) if m_pid else None
+        else:
+            m_ino = _INODE.search(head)
+            pid = owners.get(int(m_ino.group(1))) if m_ino else None
+        if pid is None:
             continue
-        pid = int(m_pid.group(1))
         if pids is not None and pid not in pids:
             continue
         local, peer = _ADDR.match(parts[2]), _ADDR.match(parts[3])
@@ -111,9 +120,6 @@ def socket_inodes(pids: set[int]) -> dict[int, int]:
     return found
 
 
-_INODE = re.compile(r"\bino:([0-9]+)")
-
-
 def own_sockets(pids: set[int] | None = None) -> list[Socket]:
     """This host's established TCP sockets of ``pids`` (all when None); [] without ``ss``."""
     ss = shutil.which("ss")
@@ -126,17 +132,7 @@ def own_sockets(pids: set[int] | None = None) -> list[Socket]:
         ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return []
-    if pids is None:
-        return parse_ss(out, None)
-    owner = socket_inodes(pids)
-    # the same lines, each head given the owner ss -p would have named: parse_ss reads pid=N
-    lines = out.splitlines()
-    for i, line in enumerate(lines):
-        m = _INODE.search(line)
-        if m and not line.startswith(("\t", " ")):
-            pid = owner.get(int(m.group(1)))
-            lines[i] = f'{line} users:(("?",pid={pid},fd=0))' if pid is not None else line
-    return parse_ss("\n".join(lines), pids)
+    return parse_ss(out, pids, None if pids is None else socket_inodes(pids))
 
 
 @dataclass

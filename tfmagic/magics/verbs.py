@@ -101,9 +101,7 @@ def without_comment(line: str) -> str:
     quote = None
     for i, ch in enumerate(line):
         if quote:
-            if ch == "\\":
-                continue
-            if ch == quote and (i == 0 or line[i - 1] != "\\"):
+            if ch == quote and line[i - 1] != "\\":
                 quote = None
         elif ch in "'\"":
             quote = ch

@@ -94,6 +94,10 @@ class TrainingRun:
         self._start_step = 0
         self._slots: list | None = None
         self._writer = None
+        #: gradients applied per worker, counted as records arrive (for the notes in its log)
+        self._applied_by: dict[str, int] = {}
+        self._applied_counted = 0  # records counted into _applied_by so far
+        self._notes_lock = threading.Lock()  # the probe thread and the run's end both write notes
         self.kind = ""
         self.scheduled = Schedule(self)
         if events:
@@ -485,11 +489,16 @@ class TrainingRun:
         TensorFlow's start-up lines; the seeds read training progress there.
         One line per worker per probe (at most about 40 per run), sent without
         waiting: a task that cannot take it loses the line, not the step.
+        Records only grow (a rollback marks them), so each note counts only the
+        ones that arrived since the last: the kernel's GIL drives every step.
         """
-        counts: dict[str, int] = {}
-        for r in self.history.snapshot()[0]:
-            if r.applied:
-                counts[str(r.task)] = counts.get(str(r.task), 0) + 1
+        with self._notes_lock:
+            fresh = self.history.records[self._applied_counted :]
+            self._applied_counted += len(fresh)
+            for r in fresh:
+                if r.applied:
+                    self._applied_by[str(r.task)] = self._applied_by.get(str(r.task), 0) + 1
+            counts = dict(self._applied_by)
         for w in list(self.policy.workers.values()):
             proc = self.cluster.procs.get(w.task)
             if proc is None or w.lost or not proc.alive:
