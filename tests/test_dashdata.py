@@ -290,3 +290,35 @@ def test_the_widget_selector_replots_the_loss_against_another_axis():
     (line,) = [ln for ln in dash._ax["loss"].get_lines() if ln.get_label() == "sync"]
     assert max(line.get_data()[0]) == 30 * 96
     assert dash._image.value == dash.last_png
+
+
+def test_frames_keep_to_their_share_of_the_kernel_and_say_so():
+    """A frame holds Python's lock the engine's threads need: frames are spaced so their CPU
+    time stays within ``budget`` of the kernel's, the header says why frames come less often,
+    and while a frame draws the GIL switch interval is short (the engine gets the lock back fast)."""
+    import sys
+
+    from tfmagic.dashboard import Dashboard
+
+    h = History("async", run="async", workers=["worker:0"])  # not done: the dashboard refreshes
+    dash = Dashboard(None, runs=[h], refresh=0.05, budget=0.2)
+    intervals = []
+
+    def costly_update():  # 40 ms of this thread's CPU, like a frame with a full redraw
+        intervals.append(sys.getswitchinterval())
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < 0.04:
+            pass
+
+    dash.update = costly_update
+    before = sys.getswitchinterval()
+    dash.start()
+    time.sleep(1.6)
+    dash.stop()
+    # unpaced, 1.6 s holds about 35 such frames; at 40 ms / 0.2 = 0.2 s apart, about 8
+    assert 3 <= len(intervals) <= 14, len(intervals)
+    assert dash.interval >= 0.15 and dash.frame_cpu_s >= 0.035
+    assert max(intervals) <= 0.0005 and sys.getswitchinterval() == before
+    note = dash.pace_note()
+    assert "a frame every 0.2 s, not 0.05 s" in note and "20%" in note, note
+    assert note in dash.header_html()

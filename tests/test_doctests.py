@@ -9,7 +9,7 @@ import pytest
 
 pytestmark = pytest.mark.unit
 
-MODULES = ["tfmagic.logs", "tfmagic.logfilter", "tfmagic.magics.verbs"]
+MODULES = ["tfmagic.logs", "tfmagic.logfilter", "tfmagic.magics.verbs", "tfmagic.gilshare"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from .dashdata import MAJOR, STALE_MODES, Mark, RollingRate, RunTrace, place_event
 from .events import Event
+from .gilshare import yielding
 from .metrics import Evaluation, GlobalStep, StepRecord
 from .plots import COLORS, SEGMENT_COLORS, SEGMENT_LABELS, X_AXES
 from .procstats import human_bytes
@@ -48,6 +49,10 @@ MARK_COLORS = {
     "resume": "#9467bd",
     "error": "#000000",
 }
+
+
+#: the share of the kernel's time a refreshing dashboard may take (measured: bench/dashboard.py)
+BUDGET = 0.04
 
 
 def _each_run(runs) -> list:
@@ -92,6 +97,7 @@ class Dashboard:
         smooth: int | None = None,
         gantt_steps: int = 10,
         traffic: bool = True,
+        budget: float = BUDGET,
     ) -> None:
         if x not in X_AXES:
             raise ValueError(f"x is one of {', '.join(X_AXES)}, not {x!r}")
@@ -103,6 +109,10 @@ class Dashboard:
         self._lim: dict = {}
         self.cluster = cluster
         self.refresh = refresh
+        #: the share of the kernel's time the refresh may hold (its frames are spaced to keep to it)
+        self.budget = budget
+        self.interval = refresh  # the spacing of frames now: ``refresh``, or longer when frames cost more
+        self.frame_cpu_s: float | None = None  # a moving mean of one refresh's CPU time (the lock it holds)
         self.window = window
         self.max_points = max_points
         runs = list(runs)
@@ -705,7 +715,20 @@ class Dashboard:
             if banner
             else ""
         )
+        pace = self.pace_note()
+        if pace:
+            parts.append(f"<span style='color:#777'>{html.escape(pace)}</span>")
         return shown + "<div class='tfmagic-header'>" + " &nbsp;|&nbsp; ".join(parts) + "</div>"
+
+    def pace_note(self) -> str:
+        """Why frames come less often than ``refresh`` asked, when they do ('' otherwise)."""
+        if self.frame_cpu_s is None or self.interval <= self.refresh * 1.05:
+            return ""
+        return (
+            f"a frame every {self.interval:.1f} s, not {self.refresh:g} s: each holds the kernel"
+            f" {self.frame_cpu_s * 1000:.0f} ms, and frames keep to {self.budget:.0%} of its time"
+            " so they do not slow the training they show"
+        )
 
     def banner(self) -> str:
         """The hang doctor's line while something has waited more than 2 s on this cluster, else ''.
@@ -820,24 +843,37 @@ class Dashboard:
         grace = 2  # frames drawn after the last run ended, so the final numbers show
         while not self._stop.is_set():
             t0 = time.monotonic()
-            try:
-                self.update()
-            except Exception:  # noqa: BLE001 - a failed frame must not kill the refresh
-                pass
+            self._refresh_once()
             if not self.active:
                 grace -= 1
                 if grace <= 0:
                     break
-            self._stop.wait(max(0.0, self.refresh - (time.monotonic() - t0)))
+            self._stop.wait(max(0.0, self.interval - (time.monotonic() - t0)))
         if self._stop.is_set():  # stopped from outside (the cluster stopped): one last frame
-            try:
-                self.update()
-            except Exception:  # noqa: BLE001 - the last frame is a courtesy
-                pass
+            self._refresh_once()
         self._unsubscribe()
         if self._meter is not None:  # started by this dashboard: it measures no longer
             self._meter.stop()
         self._publish_final()
+
+    def _refresh_once(self) -> None:
+        """One frame, yielding the GIL promptly to the engine's threads, and the spacing of the next.
+
+        Every millisecond a frame holds Python's lock is taken from the training it
+        shows (the engine's threads need the lock between their remote calls), so
+        frames are spaced to keep their CPU time to ``budget`` of the kernel's:
+        ``refresh`` apart while frames are cheap, further when they cost more.
+        """
+        c0 = time.thread_time()
+        try:
+            with yielding():
+                self.update()
+        except Exception:  # noqa: BLE001 - a failed frame must not kill the refresh
+            pass
+        cost = time.thread_time() - c0
+        mean = self.frame_cpu_s
+        self.frame_cpu_s = cost if mean is None else 0.7 * mean + 0.3 * cost
+        self.interval = max(self.refresh, self.frame_cpu_s / self.budget) if self.budget > 0 else self.refresh
 
     def _unsubscribe(self) -> None:
         subs, self._subscriptions = self._subscriptions, []

@@ -39,6 +39,7 @@ import weakref
 from pathlib import Path
 
 from . import events
+from .gilshare import yielding
 from .loopback import trusted_dir
 
 log = logging.getLogger("tfmagic.publish")
@@ -199,7 +200,15 @@ class _Published:
         return run if run is not None and getattr(run, "cluster", None) is cluster else None
 
     def draw(self, cluster) -> None:
-        """One frame of the dashboard into ``<id>.png`` and ``<id>.frame.json``."""
+        """One frame of the dashboard into ``<id>.png`` and ``<id>.frame.json``.
+
+        Drawn with a short GIL switch interval, as the notebook's dashboard is
+        (see :mod:`tfmagic.gilshare`): a page watching must not slow the training it shows.
+        """
+        with yielding():
+            self._draw(cluster)
+
+    def _draw(self, cluster) -> None:
         run = self._latest_run(cluster)
         if self.dashboard is None or run is not self.run:
             self.stop_dashboard()
