@@ -8,10 +8,12 @@
    so about 2 s is the floor), and how long one ``why()`` call takes.
 
     python bench/inside.py            # about 2 minutes on 2 cores
+    python bench/inside.py --only traffic --pairs 8 --steps 1500
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import statistics
@@ -25,17 +27,17 @@ PAIRS = 4
 STEPS = 300
 
 
-def traffic_cost() -> None:
+def traffic_cost(pairs: int = PAIRS, steps: int = STEPS) -> None:
     with tfmagic.LocalCluster(ps=1, workers=2, spares=False) as c:
         tfmagic.train(c, mode="async", steps=100, model="digits")  # warm: traced, connected
         on, off = [], []
-        for i in range(PAIRS):
+        for i in range(pairs):
             for metered in (True, False) if i % 2 == 0 else (False, True):
                 meter = c.traffic_meter() if metered else None
                 if not metered and c._meter is not None:
                     c._meter.stop()
                     c._meter = None
-                h = tfmagic.train(c, mode="async", steps=STEPS, model="digits")
+                h = tfmagic.train(c, mode="async", steps=steps, model="digits")
                 (on if metered else off).append(h.updates_per_s())
                 if meter is not None:
                     meter.stop()
@@ -125,6 +127,13 @@ def doctor_times() -> None:
 
 
 if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=PAIRS, help="meter on/off pairs of runs")
+    parser.add_argument("--steps", type=int, default=STEPS, help="updates per run")
+    parser.add_argument("--only", choices=["traffic", "doctor"], help="one half")
+    args = parser.parse_args()
     print(f"load average at start: {os.getloadavg()[0]:.1f}")
-    traffic_cost()
-    doctor_times()
+    if args.only != "doctor":
+        traffic_cost(args.pairs, args.steps)
+    if args.only != "traffic":
+        doctor_times()

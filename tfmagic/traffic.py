@@ -27,6 +27,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from .gilshare import yielding
+
 _ADDR = re.compile(r"^(.*):([0-9]+)$")
 _PID = re.compile(r"pid=([0-9]+)")
 _SENT = re.compile(r"bytes_sent:([0-9]+)")
@@ -235,7 +237,8 @@ class TrafficMeter:
             if not self.cluster.running:
                 break
             try:
-                self.sample()
+                with yielding():  # parsing ss holds the GIL: the engine's threads get it back fast
+                    self.sample()
             except Exception:  # noqa: BLE001 - a sample that fails is taken again a second later
                 pass
 
