@@ -1,39 +1,76 @@
-"""A modelled network for the miniature cluster: a task's link at a chosen rate and delay, without root.
+"""A modelled network for the miniature cluster: a task's card and each link to it, at a chosen rate and delay, without root.
 
 On one machine every link is loopback: gigabytes a second, microseconds.
 The parameter-server bottleneck (d2l's chapter does the arithmetic on paper:
 every worker reads all parameters from the ps and writes all gradients
-back, so a ps's link bounds the step) cannot be seen there.  Here it can:
-``LocalCluster(net="ps:0 rate=100mbit delay=2ms")`` / ``%tf_cluster start
---net "ps:* rate=100mbit"`` gives the named tasks a modelled network card, a
-relay process (:mod:`tfmagic.shaper_main`) that every connection to them
-crosses at that rate (each direction, shared by all connections) and after
-that delay.
+back, so a ps's link bounds the step) cannot be seen there.  Here it can.
 
-Which tasks are shaped is chosen when the cluster starts (their address in
+**Cards.** ``LocalCluster(net="ps:0 rate=100mbit delay=2ms")`` /
+``%tf_cluster start --net "ps:* rate=100mbit"`` gives the named tasks a
+modelled network card: a relay process (:mod:`tfmagic.shaper_main`) that
+every connection to them crosses at that rate (each direction, shared by all
+connections) and after that delay.  A task named without a model
+(``net="ps:*"``) gets a relay with no limit: it passes bytes as they come,
+ready for limits set later; its cost is a Python process's copy of each chunk
+(about 200 MB/s each way through it here, against 500 MB/s for loopback).
+
+**Links.** A link is a source (a task, or ``kernel``: this process, the
+cluster's client) to a relayed task: ``worker:0->ps:0`` (spaces around the
+arrow are allowed, quoted: ``"worker:0 -> ps:0"``; ``worker:*->ps:0`` gives
+each worker a link of its own at that rate).  ``net="worker:0->ps:0
+rate=10mbit; ps:* rate=100mbit"`` at start, ``cluster.net("worker:0->ps:0",
+rate="10mbit", delay="5ms")`` / ``%tf_cluster net worker:0->ps:0 --rate
+10mbit`` live.  A link's rate holds each way (what the source sends to the
+task, and what it receives from it), shared by all the source's connections
+to that task; when the task's card is limited too, the bytes cross both (the
+slower sets the pace, and the delays add).  A link rule at start gives its
+task a relay (with no card limit unless one is named).
+
+Which tasks have a relay is chosen when the cluster starts (their address in
 the cluster is the relay's, and TensorFlow's servers cannot change address
-under a connected client); their rate and delay change live
-(``cluster.net("ps:0", rate="50mbit")``, ``%tf_cluster net ps:0 --rate
-50mbit``), and ``rate=None`` lifts the limit.  A cluster started without
-``net`` has no relay and pays nothing.
+under a connected client); rates and delays of cards and links change live,
+also for connections already open, and ``rate=None`` (with no delay) lifts a
+limit.  ``cluster.net()`` / ``%tf_cluster net`` lists every card and link
+model with the bytes that crossed it.  A cluster started without ``net`` has
+no relay and pays nothing.
 
-Limits, said plainly: the model shapes what reaches and leaves a task
-(its card), not each link separately; the relay is a Python process, so it
-passes at most a few hundred MB/s here (a rate above that is not kept, and
-:meth:`Shaper.check` says so); the relay listens on loopback only.
+How the relay knows a connection's source: every connection arrives on
+loopback, so its address says nothing.  When the relay accepts one it asks
+its owner (the :class:`Shaper` in the kernel) once, with the connection's
+addresses; the Shaper finds the other end's socket in ``/proc/net/tcp``
+(``tcp6``) and its owner among the cluster's task processes and the kernel
+from their descriptors (``socket_inodes``, passed in by the cluster).  That
+costs a few milliseconds per connection, none per byte.
+
+Limits, said plainly: modelled are a relayed task's card and the links
+into it, both directions; not modelled are links into tasks without a relay,
+bytes between processes that bypass the cluster's addresses, loss, jitter
+and a router's queue limits (the relay reads from a sender only as fast as
+the model passes, so a sender waits on TCP's flow control, and nothing is
+dropped).  A connection whose source
+the Shaper cannot name (a process that is neither a task nor the kernel, or
+no answer within 2 s) crosses the card only.  The relay is a Python process,
+so it passes at most a few hundred MB/s here (:data:`RELAY_LIMIT_BYTES_S`; a
+rate above that is not kept); it listens on loopback only, so local
+clusters only.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
+import queue
 import re
 import sys
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .errors import BadNet
 
-__all__ = ["BadNet", "LinkModel", "Shaper", "parse_net", "parse_rate"]
+__all__ = ["BadNet", "LinkModel", "NetModels", "Shaper", "parse_net", "parse_rate", "parse_target"]
 
 _RATE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?)\s*(bit|kbit|mbit|gbit|bps|kbps|mbps|gbps)\s*$", re.I | re.A)
 _DELAY = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(ms|s|us)?\s*$", re.I | re.A)
@@ -47,7 +84,8 @@ _UNITS = {
     "mbps": 1e6,
     "gbps": 1e9,
 }
-#: what the relay can pass on this kind of machine (measured: bench/ps_bottleneck.py); above it the model is not kept
+#: what the relay can pass each way on this kind of machine (measured with plain sockets through a relay
+#: with no limit, 64 MB each way: 180-200 MB/s); above it the model is not kept
 RELAY_LIMIT_BYTES_S = 200e6
 
 
@@ -59,9 +97,9 @@ def parse_rate(text: str | float | None) -> float | None:
     """
     if text is None or (isinstance(text, str) and text.strip().lower() in ("", "none", "off")):
         return None
-    if isinstance(text, (int, float)):
-        if text <= 0:
-            raise BadNet(f"a rate must be > 0 bytes/s, not {text}")
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        if not (0 < text < math.inf):
+            raise BadNet(f"a rate must be a number of bytes/s > 0, not {text}")
         return float(text)
     m = _RATE.match(str(text))
     if not m or float(m.group(1)) <= 0:
@@ -79,9 +117,9 @@ def parse_delay(text: str | float | None) -> float:
     """
     if text is None:
         return 0.0
-    if isinstance(text, (int, float)):
-        if text < 0:
-            raise BadNet(f"a delay must be zero or more seconds, not {text}")
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        if not (0 <= text < math.inf):
+            raise BadNet(f"a delay must be a number of seconds >= 0, not {text}")
         return float(text)
     m = _DELAY.match(str(text))
     if not m:
@@ -91,7 +129,7 @@ def parse_delay(text: str | float | None) -> float:
 
 @dataclass
 class LinkModel:
-    """A task's modelled card: ``rate`` bytes/s each way (None: unlimited), ``delay`` seconds one way."""
+    """A modelled card or link: ``rate`` bytes/s each way (None: unlimited), ``delay`` seconds one way."""
 
     rate: float | None = None
     delay: float = 0.0
@@ -100,43 +138,197 @@ class LinkModel:
         rate = "unlimited" if self.rate is None else f"{self.rate * 8 / 1e6:g} Mbit/s"
         return f"{rate}, {self.delay * 1e3:g} ms delay"
 
+    @property
+    def lifted(self) -> bool:
+        """No limit and no delay: as if there were no model."""
+        return self.rate is None and not self.delay
+
+
+#: the source name of this process (the cluster's client) in a link: ``kernel->ps:0``
+KERNEL = "kernel"
+_TASK = re.compile(r"^\w+:(\d+|\*)$", re.A)
+_ARROW = re.compile(r"\s*->\s*")
+
+
+def parse_target(text: str) -> tuple[str | None, str]:
+    """``"ps:0"`` -> (None, ``"ps:0"``): a card; ``"worker:0 -> ps:0"`` -> (``"worker:0"``, ``"ps:0"``): a link.
+
+    Names are checked for their form here (``job:N``, ``job:*``, ``kernel`` as a source);
+    whether the cluster has them is the cluster's to say.
+
+    >>> parse_target("ps:*"), parse_target(" worker:0 -> ps:0 "), parse_target("kernel->ps:1")
+    ((None, 'ps:*'), ('worker:0', 'ps:0'), ('kernel', 'ps:1'))
+    """
+    text = _ARROW.sub("->", str(text).strip())
+    src, arrow, dst = text.partition("->")
+    if not arrow:
+        src, dst = None, text
+    if not _TASK.match(dst):
+        what = "a task" if dst != KERNEL else "a task with a relay (the kernel has none)"
+        raise BadNet(
+            f"{dst!r} is not {what}; write ps:0, worker:1 or ps:* (a card), or worker:0->ps:0 (a link)"
+        )
+    if src is not None:
+        if not (_TASK.match(src) or src == KERNEL):
+            raise BadNet(f"{src!r} is not a source; write a task (worker:0, worker:*) or kernel before ->")
+        if src == dst and not dst.endswith(":*"):  # (worker:*->worker:* is each worker to each other one)
+            raise BadNet(
+                f"{src}->{dst} is a link to itself; a link joins two tasks (or the kernel and a task)"
+            )
+    return src, dst
+
 
 def parse_net(spec: str | dict | None) -> dict[str, LinkModel]:
-    """``"ps:0 rate=100mbit delay=2ms; ps:1 rate=50mbit"`` (``ps:*`` for every ps) -> {task pattern: model}.
+    """``"ps:0 rate=100mbit delay=2ms; worker:0->ps:0 rate=10mbit"`` -> {card or link: model}.
+
+    A card is a task (``ps:*`` for every ps); a link is ``SOURCE->TASK`` (see the module
+    docstring); entries are separated by ``;``.  A task with no model (``"ps:*"``) gets a relay
+    with no limit.
 
     >>> parse_net("ps:* rate=100mbit delay=2ms")
     {'ps:*': LinkModel(rate=12500000.0, delay=0.002)}
+    >>> parse_net("worker:0 -> ps:0 rate=10mbit; ps:*")
+    {'worker:0->ps:0': LinkModel(rate=1250000.0, delay=0.0), 'ps:*': LinkModel(rate=None, delay=0.0)}
     """
     if not spec:
         return {}
     if isinstance(spec, dict):
-        return {
-            k: v
-            if isinstance(v, LinkModel)
-            else LinkModel(parse_rate(v.get("rate")), parse_delay(v.get("delay")))
-            for k, v in spec.items()
-        }
+        out = {}
+        for k, v in spec.items():
+            src, dst = parse_target(k)
+            key = dst if src is None else f"{src}->{dst}"
+            out[key] = (
+                v
+                if isinstance(v, LinkModel)
+                else LinkModel(parse_rate(v.get("rate")), parse_delay(v.get("delay")))
+            )
+        return out
     out: dict[str, LinkModel] = {}
     for part in str(spec).split(";"):
-        words = part.split()
+        words = _ARROW.sub("->", part).split()
         if not words:
             continue
-        task, fields = words[0], {}
+        fields = {}
         for w in words[1:]:
             key, eq, value = w.partition("=")
             if not eq or key not in ("rate", "delay"):
-                raise BadNet(f"{w!r}: write the model as rate=100mbit delay=2ms after the task")
+                raise BadNet(f"{w!r}: write the model as rate=100mbit delay=2ms after the task or link")
             fields[key] = value
-        if not re.match(r"^\w+:(\d+|\*)$", task):
-            raise BadNet(f"{task!r} is not a task; write ps:0, worker:1 or ps:* before the model")
-        out[task] = LinkModel(parse_rate(fields.get("rate")), parse_delay(fields.get("delay")))
+        src, dst = parse_target(words[0])
+        out[dst if src is None else f"{src}->{dst}"] = LinkModel(
+            parse_rate(fields.get("rate")), parse_delay(fields.get("delay"))
+        )
     return out
 
 
-class Shaper:
-    """The relay process of one cluster and its routes (see the module docstring)."""
+def matches(pattern: str, name: str) -> bool:
+    """``ps:*`` matches every ps, ``ps:0`` itself only.
 
-    def __init__(self) -> None:
+    >>> matches("ps:*", "ps:1"), matches("ps:0", "ps:1"), matches("kernel", "kernel")
+    (True, False, True)
+    """
+    job, _, index = pattern.partition(":")
+    return pattern == name or (index == "*" and name.partition(":")[0] == job)
+
+
+@dataclass
+class NetModels:
+    """Every modelled card and link of a cluster: ``rows`` (kind, src, dst, rate, delay, to_task, from_task).
+
+    ``kind`` is ``card`` (``src`` None) or ``link``; ``rate`` bytes/s each way (None: unlimited),
+    ``delay`` seconds; ``to_task`` / ``from_task`` the bytes that crossed it each way since the cluster
+    started (for a link rule: on every link it covers, also before the rule was set).
+    """
+
+    rows: list[dict]
+
+    def __iter__(self):
+        return iter(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def model(self, target: str) -> LinkModel | None:
+        """The model of a card (``"ps:0"``) or link rule (``"worker:0->ps:0"``), or None."""
+        src, dst = parse_target(target)
+        for r in self.rows:
+            if r["src"] == src and r["dst"] == dst:
+                return LinkModel(r["rate"], r["delay"])
+        return None
+
+    def __str__(self) -> str:
+        if not self.rows:
+            return (
+                "no modelled network: this cluster started without --net; "
+                'start with --net "ps:*" (a relay, no limit) to shape cards and links live'
+            )
+        from .procstats import human_bytes
+
+        lines = [f"{'card / link':22s} {'model':28s} {'to task':>9s} {'from task':>9s}"]
+        for r in self.rows:
+            name = r["dst"] if r["src"] is None else f"{r['src']}->{r['dst']}"
+            lines.append(
+                f"{name:22s} {LinkModel(r['rate'], r['delay']).describe():28s} "
+                f"{human_bytes(r['to_task']):>9s} {human_bytes(r['from_task']):>9s}"
+            )
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, p, cycle) -> None:
+        p.text(str(self))
+
+
+def socket_inode(local: tuple[str, int], remote: tuple[str, int]) -> int | None:
+    """The inode of the TCP socket bound to ``local`` and connected to ``remote`` (from ``/proc/net/tcp``, ``tcp6``)."""
+    import socket
+
+    want_port = f"{local[1]:04X}"
+    want = (_plain(local[0]), local[1], _plain(remote[0]), remote[1])
+    for table, family in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
+        try:
+            with open(table) as f:
+                next(f, None)
+                for row in f:
+                    parts = row.split()
+                    if len(parts) < 10 or not parts[1].endswith(want_port):
+                        continue
+                    if (*_address(parts[1], family), *_address(parts[2], family)) == want:
+                        return int(parts[9])
+        except OSError:
+            continue
+    return None
+
+
+def _address(text: str, family: int) -> tuple[str, int]:
+    """``0100007F:1F90`` -> (``127.0.0.1``, 8080): /proc/net/tcp writes each 32-bit word in host order."""
+    import socket
+
+    hexip, _, hexport = text.partition(":")
+    raw = bytes.fromhex(hexip)
+    raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4)) if sys.byteorder == "little" else raw
+    return _plain(socket.inet_ntop(family, raw)), int(hexport, 16)
+
+
+def _plain(host: str) -> str:
+    return host.removeprefix("::ffff:")
+
+
+#: how long a request to the relay may take before the relay is said not to answer
+ASK_TIMEOUT_S = 10.0
+
+
+class Shaper:
+    """The relay process of one cluster, its routes and its models (see the module docstring).
+
+    ``sources()`` gives pid -> name (each task's process, and this process as ``kernel``);
+    ``owners(pids)`` gives socket inode -> pid for those pids (the cluster passes
+    :func:`tfmagic.traffic.socket_inodes`).  Without them every connection crosses the card only.
+    """
+
+    def __init__(
+        self,
+        sources: Callable[[], dict[int, str]] | None = None,
+        owners: Callable[[set[int]], dict[int, int]] | None = None,
+    ) -> None:
         from .launchers.process import spawn
 
         self.proc = spawn(
@@ -147,8 +339,22 @@ class Shaper:
             env=_env(),
         )
         self.pid = self.proc.pid
+        #: each relayed task's card
         self.models: dict[str, LinkModel] = {}
-        self._lock = threading.Lock()
+        #: each link rule: (source pattern, relayed task) -> model
+        self.links: dict[tuple[str, str], LinkModel] = {}
+        #: connections whose source was looked up, and the seconds that took in all (one thread each)
+        self.lookups = 0
+        self.lookup_s = 0.0
+        self._sources = sources
+        self._owners = owners
+        self._ask_lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self._count_lock = threading.Lock()
+        self._replies: queue.Queue = queue.Queue()
+        self._ids = itertools.count(1)
+        self._reader = threading.Thread(target=self._read, name=f"tfmagic-shaper-{self.pid}", daemon=True)
+        self._reader.start()
         from . import owner
 
         owner.register(self)
@@ -157,18 +363,82 @@ class Shaper:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def _ask(self, **msg) -> dict:
-        with self._lock:
-            if not self.alive:
-                raise BadNet(f"the network relay (pid {self.pid}) has ended; restart the cluster")
+    # -- talking to the relay ------------------------------------------------------
+    def _write(self, msg: dict) -> None:
+        with self._write_lock:
             self.proc.stdin.write((json.dumps(msg) + "\n").encode())
             self.proc.stdin.flush()
-            line = self.proc.stdout.readline()
-        reply = json.loads(line or b"{}")
-        if reply.get("event") == "error" or not reply:
-            raise BadNet(f"the network relay refused {msg.get('op')}: {reply.get('message', 'it ended')}")
+
+    def _read(self) -> None:
+        """The relay's lines: answers to requests, and ``who`` asks, answered here."""
+        try:
+            for line in self.proc.stdout:
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    continue
+                if msg.get("event") == "who":  # looked up beside, so answers to requests never wait on it
+                    threading.Thread(
+                        target=self._answer_who, args=(msg,), name="tfmagic-shaper-who", daemon=True
+                    ).start()
+                else:
+                    self._replies.put(msg)
+        except (OSError, ValueError):
+            pass
+        self._replies.put(None)
+
+    def _answer_who(self, msg: dict) -> None:
+        try:
+            source = self.source_of(tuple(msg["peer"]), tuple(msg["local"]))
+        except Exception:  # noqa: BLE001 - a lookup that fails leaves the connection on the card only
+            source = None
+        try:
+            self._write({"op": "source", "id": msg.get("id"), "source": source})
+        except (OSError, ValueError):
+            pass
+
+    def source_of(self, peer: tuple[str, int], local: tuple[str, int]) -> str | None:
+        """Who holds the other end of the relay's connection ``local`` <- ``peer``: a task, ``kernel``, or None."""
+        if self._sources is None or self._owners is None:
+            return None
+        t0 = time.perf_counter()
+        try:
+            sources = self._sources()
+            inode = socket_inode((peer[0], int(peer[1])), (local[0], int(local[1])))
+            pid = self._owners(set(sources)).get(inode) if inode is not None else None
+            return sources.get(pid) if pid is not None else None
+        finally:
+            with self._count_lock:
+                self.lookups += 1
+                self.lookup_s += time.perf_counter() - t0
+
+    def _ask(self, **msg) -> dict:
+        with self._ask_lock:
+            if not self.alive:
+                raise BadNet(f"the network relay (pid {self.pid}) has ended; restart the cluster")
+            msg["id"] = ask = next(self._ids)
+            try:
+                self._write(msg)
+            except (OSError, ValueError):
+                raise BadNet(f"the network relay (pid {self.pid}) has ended; restart the cluster") from None
+            deadline = time.monotonic() + ASK_TIMEOUT_S
+            while True:
+                try:
+                    reply = self._replies.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    raise BadNet(
+                        f"the network relay (pid {self.pid}) did not answer {msg['op']} within {ASK_TIMEOUT_S:g} s"
+                    ) from None
+                if reply is None:
+                    self._replies.put(None)  # every later request sees the end too
+                    raise BadNet(f"the network relay refused {msg['op']}: it ended")
+                if reply.get("id") == ask:
+                    break  # (a late answer to a request that timed out is dropped)
+        if reply.get("event") == "error":
+            raise BadNet(f"the network relay refused {msg['op']}: {reply.get('message')}")
         return reply
 
+    # -- routes and models -----------------------------------------------------------
     def route(self, name: str, listen: int, target: str, model: LinkModel) -> None:
         """Relay ``listen`` (the task's address in the cluster) to ``target`` (where it serves)."""
         self._ask(op="route", name=name, listen=listen, target=target)
@@ -176,14 +446,42 @@ class Shaper:
         self.models[name] = model
 
     def shape(self, name: str, model: LinkModel) -> None:
-        """A new rate and delay for a routed task, live."""
+        """A new rate and delay for a relayed task's card, live."""
         if name not in self.models:
             raise BadNet(f"{name} has no modelled link")
         self._ask(op="shape", name=name, rate=model.rate, delay=model.delay)
         self.models[name] = model
 
+    def link(self, source: str, name: str, model: LinkModel) -> None:
+        """A rule for the link from ``source`` (a task, ``job:*`` or ``kernel``) to the relayed task ``name``, live.
+
+        A lifted model (no rate, no delay) removes the rule.
+        """
+        if name not in self.models:
+            raise BadNet(f"{name} has no relay")
+        self._ask(op="link", name=name, source=source, rate=model.rate, delay=model.delay)
+        if model.lifted:
+            self.links.pop((source, name), None)
+        else:
+            self.links[(source, name)] = model
+
     def routes(self) -> dict:
+        """What the relay counted: per relayed task its card's bytes, rules, links (per source seen), connections."""
         return self._ask(op="stats").get("routes", {})
+
+    def report(self) -> NetModels:
+        """Every card and link rule with the bytes that crossed it."""
+        stats = self.routes()
+        rows = []
+        for name, model in self.models.items():
+            st = stats.get(name, {})
+            rows.append(_row("card", None, name, model, st.get("in", 0), st.get("out", 0)))
+            for (source, dst), rule in self.links.items():
+                if dst == name:
+                    crossed = [s for s in st.get("links", {}).values() if s.get("rule") == source]
+                    to_task, from_task = sum(s["in"] for s in crossed), sum(s["out"] for s in crossed)
+                    rows.append(_row("link", source, dst, rule, to_task, from_task))
+        return NetModels(rows)
 
     def kill(self) -> None:
         if self.alive:
@@ -203,6 +501,12 @@ class Shaper:
         from . import owner
 
         owner.forget(self)
+
+
+def _row(kind: str, src: str | None, dst: str, model: LinkModel, to_task: int, from_task: int) -> dict:
+    return dict(
+        kind=kind, src=src, dst=dst, rate=model.rate, delay=model.delay, to_task=to_task, from_task=from_task
+    )
 
 
 def _env() -> dict[str, str]:

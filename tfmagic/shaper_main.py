@@ -1,21 +1,42 @@
-"""The network shaper's process: a TCP relay that gives a task a modelled link (stdlib only).
+"""The network shaper's process: a TCP relay that gives a task a modelled card and links (stdlib only).
 
 Why a relay: shaping real traffic (``tc``) needs root and a network
-namespace; a classroom Binder has neither.  A task whose link is modelled
+namespace; a classroom Binder has neither.  A task whose network is modelled
 serves on a private port; its address in the cluster (the one every worker,
 ps and the kernel dial) is this relay's, which passes every byte on at the
 modelled rate and after the modelled delay.  Everything that reaches the task
 crosses the model, as it would cross the task's network card.
 
-The model, per shaped task (its "card"): one rate per direction shared by all
-its connections (a full-duplex link: in and out do not compete), and a
-one-way delay added to every chunk (a delay line: chunks queue, they are not
-serialised behind each other's delay).  A rate of ``None`` passes bytes at
-the machine's speed.
+The model, per relayed task:
 
-Protocol: JSON lines on stdin (``{"op": "route", "name", "listen", "target"}``,
-``{"op": "shape", "name", "rate", "delay"}``, ``{"op": "stats"}``), JSON
-lines on stdout (``listening``, ``stats``, ``error``).  It ends when stdin
+* its **card**: one rate per direction shared by all its connections (a
+  full-duplex link: in and out do not compete), and a one-way delay;
+* its **links**, one per source (a task, or the kernel): a rule for the
+  source (``worker:0``, or ``worker:*`` for each worker) gives that source's
+  connections a rate per direction of their own, shared by all connections
+  from that source to this task, and a delay of their own.  A byte on a
+  link crosses the link's bucket and the card's (it is sent when both have
+  room: the slower one sets the pace), and waits both delays.
+
+Delays are a delay line: chunks queue, they are not serialised behind each
+other's delay.  A rate of ``None`` passes bytes at the machine's speed.
+
+Which source a connection comes from is asked once, when it is accepted: the
+relay tells its owner the connection's two addresses (``who``); the answer
+(``source``: a task's name, ``kernel``, or null for a process the owner does
+not know) usually comes within milliseconds, and the connection's bytes wait
+for it up to :data:`WHO_WAIT_S` (a busy owner then delays no connection for
+longer: the bytes cross the card only until the answer comes, and for good
+if none comes within :data:`WHO_TIMEOUT_S`).  A connection whose source is
+unknown crosses the card only.  Rules change live, also for connections
+already open (a gRPC channel lives as long as its client).
+
+Protocol: JSON lines on stdin (``{"op": "route", "name", "listen",
+"target"}``, ``{"op": "shape", "name", "rate", "delay"}`` for the card,
+``{"op": "link", "name", "source", "rate", "delay"}`` for a link rule (no
+rate and no delay removes it), ``{"op": "source", "id", "source"}`` answering
+``who``, ``{"op": "stats"}``), JSON lines on stdout (``listening``,
+``shaped``, ``linked``, ``who``, ``stats``, ``error``).  It ends when stdin
 closes (its owner went away) and, through PR_SET_PDEATHSIG, when its parent
 dies.
 """
@@ -25,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import itertools
 import json
 import os
 import signal
@@ -36,6 +58,11 @@ CHUNK = 64 * 1024
 #: A bucket may run ahead of its rate by this much (seconds of traffic): TCP's own
 #: bursts pass, the mean rate holds.
 BURST_S = 0.002
+#: How long a new connection's bytes wait for its source to be named; after that they cross
+#: the card only until the answer comes (from then on the link applies too) ...
+WHO_WAIT_S = 0.5
+#: ... or until this has passed without one: the card only, for good.
+WHO_TIMEOUT_S = 10.0
 
 
 class Bucket:
@@ -46,43 +73,132 @@ class Bucket:
         self.free_at = 0.0
         self.bytes = 0
 
-    async def take(self, n: int) -> None:
+    def reserve(self, n: int, now: float) -> float:
+        """Count ``n`` bytes; the time they have passed (``now`` without a rate)."""
         self.bytes += n
         if not self.rate:
-            return
-        now = time.monotonic()
+            return now
         self.free_at = max(self.free_at, now) + n / self.rate
-        wait = self.free_at - now - BURST_S
-        if wait > 0:
-            await asyncio.sleep(wait)
+        return self.free_at
 
 
-class Route:
-    """One shaped task: where its relay listens, where the task really serves, its model."""
+async def cross(n: int, *buckets: Bucket) -> None:
+    """Pass ``n`` bytes through every bucket at once: they go when the slowest has room."""
+    now = time.monotonic()
+    until = max(b.reserve(n, now) for b in buckets)
+    wait = until - now - BURST_S
+    if wait > 0:
+        await asyncio.sleep(wait)
 
-    def __init__(self, name: str, target: tuple[str, int]) -> None:
-        self.name = name
-        self.target = target
+
+class Model:
+    """A rate each way and a one-way delay: a task's card, or one source's link to it."""
+
+    def __init__(self) -> None:
         self.inbound = Bucket()  # to the task
         self.outbound = Bucket()  # from the task
         self.delay = 0.0
+
+    def set(self, rate: float | None, delay: float) -> None:
+        self.inbound.rate = self.outbound.rate = float(rate) if rate else None
+        self.delay = float(delay or 0.0)
+
+    def stats(self) -> dict:
+        return {
+            "in": self.inbound.bytes,
+            "out": self.outbound.bytes,
+            "rate": self.inbound.rate,
+            "delay": self.delay,
+        }
+
+
+class Connection:
+    """One accepted connection: its source (None until the owner has named it) and that source's link."""
+
+    __slots__ = ("source", "link")
+
+    def __init__(self) -> None:
+        self.source: str | None = None
+        self.link: Model | None = None
+
+
+class Route:
+    """One relayed task: where its relay listens, where the task really serves, its card and links."""
+
+    def __init__(self, name: str, target: tuple[str, int], who) -> None:
+        self.name = name
+        self.target = target
+        self.card = Model()
+        self.rules: dict[str, tuple[float | None, float]] = {}  # source pattern -> (rate, delay)
+        self.links: dict[str, Model] = {}  # each source seen so far -> its link
+        self.connections: dict[str, int] = {}  # source (or "unknown") -> connections accepted
         self.server: asyncio.base_events.Server | None = None
+        self._who = who
+
+    def rule_for(self, source: str) -> tuple[str, tuple[float | None, float]] | None:
+        """The rule that applies to ``source``: its own, else its job's (``worker:*``)."""
+        for pattern in (source, source.partition(":")[0] + ":*"):
+            if pattern in self.rules:
+                return pattern, self.rules[pattern]
+        return None
+
+    def link_of(self, source: str) -> Model:
+        link = self.links.get(source)
+        if link is None:
+            link = self.links[source] = Model()
+            found = self.rule_for(source)
+            link.set(*(found[1] if found else (None, 0.0)))
+        return link
+
+    def set_rule(self, pattern: str, rate: float | None, delay: float) -> None:
+        if not rate and not delay:
+            self.rules.pop(pattern, None)
+        else:
+            self.rules[pattern] = (rate, delay)
+        for source, link in self.links.items():
+            found = self.rule_for(source)
+            link.set(*(found[1] if found else (None, 0.0)))
+
+    def _named(self, conn: Connection, answer: asyncio.Future) -> None:
+        """The owner named the connection's source (or could not): its link applies from now on."""
+        if answer.cancelled():
+            return
+        source = answer.result() if answer.exception() is None else None
+        conn.source = source if isinstance(source, str) and source else "unknown"
+        self.connections[conn.source] = self.connections.get(conn.source, 0) + 1
+        conn.link = self.link_of(conn.source) if conn.source != "unknown" else None
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = Connection()
+        who = asyncio.ensure_future(
+            self._who(self.name, writer.get_extra_info("peername"), writer.get_extra_info("sockname"))
+        )
+        who.add_done_callback(lambda done: self._named(conn, done))
         try:
             up_r, up_w = await asyncio.open_connection(*self.target)
         except OSError:
+            who.cancel()
             writer.close()
             return
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(who), WHO_WAIT_S)
         for w in (writer, up_w):
             sock = w.get_extra_info("socket")
             if sock is not None:
                 with contextlib.suppress(OSError):
                     sock.setsockopt(6, 1, 1)  # TCP_NODELAY: the model adds the delay, not Nagle
-        await asyncio.gather(self._pump(reader, up_w, self.inbound), self._pump(up_r, writer, self.outbound))
+        await asyncio.gather(
+            self._pump(reader, up_w, "inbound", conn), self._pump(up_r, writer, "outbound", conn)
+        )
+        for w in (writer, up_w):
+            with contextlib.suppress(Exception):
+                w.close()
 
-    async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, bucket: Bucket) -> None:
+    async def _pump(
+        self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, way: str, conn: Connection
+    ) -> None:
         line: asyncio.Queue = asyncio.Queue()
+        card = getattr(self.card, way)
 
         async def deliver() -> None:
             while True:
@@ -97,13 +213,21 @@ class Route:
                 await dst.drain()
 
         sender = asyncio.ensure_future(deliver())
+        ended = False  # the source half-closed: pass that on once the line has delivered
         try:
             while True:
                 data = await src.read(CHUNK)
                 if not data:
+                    ended = True
                     break
-                await bucket.take(len(data))
-                await line.put((time.monotonic() + self.delay, data))
+                link = conn.link
+                if link is None:
+                    await cross(len(data), card)
+                    delay = self.card.delay
+                else:
+                    await cross(len(data), card, getattr(link, way))
+                    delay = self.card.delay + link.delay
+                await line.put((time.monotonic() + delay, data))
         except (ConnectionError, OSError):
             pass
         finally:
@@ -111,7 +235,20 @@ class Route:
             with contextlib.suppress(Exception):
                 await sender
             with contextlib.suppress(Exception):
-                dst.close()
+                if ended and dst.can_write_eof():
+                    dst.write_eof()
+                else:
+                    dst.close()
+
+    def stats(self) -> dict:
+        return {
+            **self.card.stats(),
+            "rules": {p: {"rate": r, "delay": d} for p, (r, d) in self.rules.items()},
+            "links": {
+                s: {**m.stats(), "rule": (self.rule_for(s) or (None,))[0]} for s, m in self.links.items()
+            },
+            "connections": dict(self.connections),
+        }
 
 
 def _say(**fields) -> None:
@@ -123,6 +260,20 @@ async def _main() -> None:
     loop = asyncio.get_running_loop()
     routes: dict[str, Route] = {}
     ops: asyncio.Queue = asyncio.Queue()
+    asked: dict[str, asyncio.Future] = {}
+    ids = itertools.count(1)
+
+    async def who(name: str, peer, local) -> str | None:
+        """Ask the owner which process holds the other end of this connection (once per connection)."""
+        ask = f"w{next(ids)}"
+        answer = asked[ask] = loop.create_future()
+        _say(event="who", id=ask, name=name, peer=list(peer[:2]), local=list(local[:2]))
+        try:
+            return await asyncio.wait_for(answer, WHO_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            return None
+        finally:
+            asked.pop(ask, None)
 
     def read_stdin() -> None:
         for raw in sys.stdin:
@@ -134,12 +285,17 @@ async def _main() -> None:
         raw = await ops.get()
         if raw is None:
             return  # the owner went away
+        msg = None
         try:
             msg = json.loads(raw)
             op = msg.get("op")
-            if op == "route":
+            if op == "source":
+                answer = asked.get(msg.get("id"))
+                if answer is not None and not answer.done():
+                    answer.set_result(msg.get("source"))
+            elif op == "route":
                 host, _, port = msg["target"].rpartition(":")
-                route = Route(msg["name"], (host, int(port)))
+                route = Route(msg["name"], (host, int(port)), who)
                 route.server = await asyncio.start_server(
                     route.serve, msg.get("host", "127.0.0.1"), int(msg["listen"])
                 )
@@ -147,24 +303,16 @@ async def _main() -> None:
                 _say(event="listening", id=msg.get("id"), name=route.name, port=int(msg["listen"]))
             elif op == "shape":
                 route = routes[msg["name"]]
-                rate = msg.get("rate")
-                route.inbound.rate = route.outbound.rate = float(rate) if rate else None
-                route.delay = float(msg.get("delay") or 0.0)
+                route.card.set(msg.get("rate"), msg.get("delay"))
                 _say(event="shaped", id=msg.get("id"), name=route.name)
+            elif op == "link":
+                route = routes[msg["name"]]
+                route.set_rule(str(msg["source"]), msg.get("rate"), float(msg.get("delay") or 0.0))
+                _say(event="linked", id=msg.get("id"), name=route.name, source=msg["source"])
             elif op == "stats":
-                _say(
-                    event="stats",
-                    id=msg.get("id"),
-                    routes={
-                        n: {
-                            "in": r.inbound.bytes,
-                            "out": r.outbound.bytes,
-                            "rate": r.inbound.rate,
-                            "delay": r.delay,
-                        }
-                        for n, r in routes.items()
-                    },
-                )
+                _say(event="stats", id=msg.get("id"), routes={n: r.stats() for n, r in routes.items()})
+            else:
+                raise ValueError(f"unknown op {op!r}")
         except Exception as exc:  # noqa: BLE001 - the owner gets the reason, the relay goes on
             _say(
                 event="error",

@@ -1,0 +1,311 @@
+"""Per-link shaping of the modelled network (tfmagic.netshape): a rule for ``worker:0->ps:0``.
+
+First the relay alone, with plain sockets and real source processes (no
+TensorFlow): the relay asks its Shaper which process each accepted connection
+comes from, and only that source's connections cross its link's bucket.  Then
+a real cluster (1 ps behind a relay, 2 workers): a ~4 MB variable read by
+worker:0 through a shaped link takes size/rate, read by worker:1 it stays
+fast, and lifting the rule makes worker:0 fast again, on the same gRPC
+connections.  Bad input is one line and leaves the cluster as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from tfmagic import netshape, traffic
+from tfmagic.netshape import BadNet, LinkModel
+
+from .conftest import assert_gone
+
+#: the tolerance of the existing card tests (tests/test_inside.py): measured within [0.85, 1.6] x model
+LOW, HIGH = 0.85, 1.6
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# -- the relay alone: plain sockets, real source processes -----------------------------------------
+def source_main(port: int, size: int) -> None:
+    """A source process: wait for 'go', connect to the relay, send ``size`` bytes, read the answer.
+
+    Prints the seconds from connecting to the answer's last byte (both directions crossed)."""
+    sys.stdin.readline()
+    t0 = time.perf_counter()
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(b"x" * size)
+        s.shutdown(socket.SHUT_WR)
+        got = 0
+        while chunk := s.recv(1 << 16):
+            got += len(chunk)
+    print(json.dumps({"seconds": time.perf_counter() - t0, "received": got}), flush=True)
+
+
+class Task:
+    """A stand-in for a task's server: reads a connection to its end, then answers as many bytes."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.received: list[int] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            got = 0
+            while chunk := conn.recv(1 << 16):
+                got += len(chunk)
+            self.received.append(got)
+            conn.sendall(b"y" * got)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Sources:
+    """Source processes the Shaper knows by name (pid -> name), each ready to connect on 'go'."""
+
+    def __init__(self) -> None:
+        self.names: dict[int, str] = {}
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, name: str, port: int, size: int) -> subprocess.Popen:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.test_netlinks", str(port), str(size)],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.procs.append(proc)
+        if name:
+            self.names[proc.pid] = name
+        return proc
+
+    @staticmethod
+    def result(proc: subprocess.Popen, timeout: float = 60) -> dict:
+        out, _ = proc.communicate(timeout=timeout)
+        return json.loads(out.strip().splitlines()[-1])
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(10)
+
+
+@pytest.fixture
+def relay():
+    """A Shaper (its relay process) routing ps:0 to a plain socket server, and source processes."""
+    task, sources = Task(), Sources()
+    shaper = netshape.Shaper(sources=lambda: dict(sources.names), owners=traffic.socket_inodes)
+    port = _free_port()
+    shaper.route("ps:0", port, f"127.0.0.1:{task.port}", LinkModel())
+    try:
+        yield shaper, port, sources
+    finally:
+        sources.close()
+        shaper.kill()
+        task.close()
+        assert_gone([shaper.pid, *(p.pid for p in sources.procs)], timeout=10)
+
+
+def _race(sources: Sources, port: int, size: int, names: list[str]) -> dict[str, float]:
+    """Each named source process exchanges ``size`` bytes each way through the relay, all at once."""
+    procs = {name: sources.start(name, port, size) for name in names}
+    time.sleep(0.5)  # each has imported and waits for 'go'
+    for proc in procs.values():
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    out = {}
+    for name, proc in procs.items():
+        r = Sources.result(proc)
+        assert r["received"] == size, r
+        out[name] = r["seconds"]
+    return out
+
+
+def test_the_relay_shapes_only_the_link_of_the_source_a_connection_comes_from(relay):
+    shaper, port, sources = relay
+    size = 500_000
+    rate = netshape.parse_rate("4mbit")  # 0.5 MB/s: 1 s each way
+    model = 2 * size / rate
+
+    shaper.link("worker:0", "ps:0", LinkModel(rate, 0.0))
+    took = _race(sources, port, size, ["worker:0", "worker:1"])
+    assert LOW * model <= took["worker:0"] <= HIGH * model, (took, model)
+    assert took["worker:1"] < 0.15 * model, (took, model)
+
+    stats = shaper.routes()["ps:0"]
+    assert stats["connections"] == {"worker:0": 1, "worker:1": 1}, stats
+    assert stats["links"]["worker:0"]["rule"] == "worker:0" and stats["links"]["worker:1"]["rule"] is None
+    assert stats["links"]["worker:0"]["in"] == size and stats["links"]["worker:0"]["out"] == size, stats
+    assert shaper.lookups == 2 and shaper.lookup_s / shaper.lookups < 0.2, (shaper.lookups, shaper.lookup_s)
+
+    # a card on top: the bytes cross both buckets at once, the slower sets the pace
+    shaper.shape("ps:0", LinkModel(rate / 2, 0.0))  # slower than the link: the card paces
+    took = _race(sources, port, size // 2, ["worker:0"])
+    card = 2 * (size // 2) / (rate / 2)
+    assert LOW * card <= took["worker:0"] <= HIGH * card, (took, card)
+    shaper.shape("ps:0", LinkModel(rate, 0.0))  # as fast as the link: no slower than the link alone
+    took = _race(sources, port, size, ["worker:0"])
+    assert LOW * model <= took["worker:0"] <= HIGH * model, (took, model)
+
+    # a job's rule gives each worker a link of its own; a process the Shaper does not know gets the card only
+    shaper.shape("ps:0", LinkModel())
+    shaper.link("worker:0", "ps:0", LinkModel())  # lifted: the rule goes
+    shaper.link("worker:*", "ps:0", LinkModel(rate, 0.0))
+    unknown = sources.start("", port, size)
+    took = _race(sources, port, size, ["worker:0", "worker:1"])
+    unknown.stdin.write("go\n")
+    unknown.stdin.flush()
+    alone = Sources.result(unknown)["seconds"]
+    assert LOW * model <= took["worker:0"] <= HIGH * model, (took, model)
+    assert LOW * model <= took["worker:1"] <= HIGH * model, (took, model)
+    assert alone < 0.15 * model, (alone, model)
+    stats = shaper.routes()["ps:0"]
+    assert stats["connections"] == {"worker:0": 4, "worker:1": 2, "unknown": 1}, stats
+    assert set(shaper.links) == {("worker:*", "ps:0")}
+    report = shaper.report()
+    assert [(r["kind"], r["src"], r["dst"]) for r in report] == [
+        ("card", None, "ps:0"),
+        ("link", "worker:*", "ps:0"),
+    ]
+    # the bytes on the links the rule covers, since they began: worker:0's 3.5 exchanges, worker:1's 2
+    assert report.rows[1]["to_task"] == report.rows[1]["from_task"] == 5.5 * size and "worker:*->ps:0" in str(
+        report
+    ), str(report)
+
+
+def test_delays_of_card_and_link_add():
+    """A link's delay adds to its card's: a ping through both waits both, each way."""
+    task = Task()
+    shaper = netshape.Shaper(sources=lambda: {os.getpid(): "kernel"}, owners=traffic.socket_inodes)
+    port = _free_port()
+    try:
+        shaper.route("ps:0", port, f"127.0.0.1:{task.port}", LinkModel(None, 0.02))
+        shaper.link("kernel", "ps:0", LinkModel(None, 0.03))
+
+        def ping() -> float:
+            t0 = time.perf_counter()
+            with socket.create_connection(("127.0.0.1", port)) as s:
+                s.sendall(b"p")
+                s.shutdown(socket.SHUT_WR)
+                assert s.recv(1) == b"y"
+            return time.perf_counter() - t0
+
+        both = min(ping() for _ in range(3))
+        assert 0.1 <= both <= 0.1 * HIGH, both  # (20 + 30 ms) each way
+        shaper.link("kernel", "ps:0", LinkModel())
+        card = min(ping() for _ in range(3))
+        assert 0.04 <= card <= 0.04 * HIGH, card
+        assert shaper.routes()["ps:0"]["connections"] == {"kernel": 6}
+    finally:
+        shaper.kill()
+        task.close()
+    assert_gone([shaper.pid], timeout=10)
+
+
+def test_a_slow_answer_delays_a_connection_at_most_who_wait_and_its_link_applies_once_named():
+    """The owner answers 'who' after 1.5 s (a busy kernel): the connection passes its bytes after
+    WHO_WAIT_S on the card, and once it is named its link shapes it, on the same connection."""
+    from tfmagic import shaper_main
+
+    echo = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = echo.accept()
+        with conn:
+            while chunk := conn.recv(1 << 16):
+                conn.sendall(chunk)
+
+    threading.Thread(target=serve, daemon=True).start()
+
+    def slow_sources() -> dict[int, str]:
+        time.sleep(1.5)
+        return {os.getpid(): "kernel"}
+
+    shaper = netshape.Shaper(sources=slow_sources, owners=traffic.socket_inodes)
+    port = _free_port()
+    try:
+        shaper.route("ps:0", port, f"127.0.0.1:{echo.getsockname()[1]}", LinkModel())
+        rate = netshape.parse_rate("4mbit")
+        shaper.link("kernel", "ps:0", LinkModel(rate, 0.0))
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            t0 = time.perf_counter()
+            s.sendall(b"p")
+            assert s.recv(1) == b"p"
+            first = time.perf_counter() - t0
+            assert shaper_main.WHO_WAIT_S <= first < shaper_main.WHO_WAIT_S + 0.4, first
+            assert shaper.routes()["ps:0"]["connections"] == {}  # not named yet
+            poll = time.monotonic() + 5
+            while shaper.routes()["ps:0"]["connections"] != {"kernel": 1}:
+                assert time.monotonic() < poll, shaper.routes()
+                time.sleep(0.05)
+            size = 250_000
+            t0 = time.perf_counter()
+            sender = threading.Thread(target=s.sendall, args=(b"x" * size,))
+            sender.start()
+            got = 0
+            while got < size:
+                got += len(s.recv(1 << 16))
+            took = time.perf_counter() - t0
+            sender.join()
+        model = size / rate  # each way at once: the echo streams back as it comes
+        assert LOW * model <= took <= HIGH * model, (took, model)
+        assert shaper.routes()["ps:0"]["links"]["kernel"]["in"] == size, shaper.routes()
+    finally:
+        shaper.kill()
+        echo.close()
+    assert_gone([shaper.pid], timeout=10)
+
+
+def test_net_specs_with_links_parse_and_bad_ones_are_one_line():
+    assert netshape.parse_net("worker:0->ps:0 rate=10mbit; ps:* rate=100mbit") == {
+        "worker:0->ps:0": LinkModel(1.25e6, 0.0),
+        "ps:*": LinkModel(12.5e6, 0.0),
+    }
+    assert netshape.parse_net("worker:0 -> ps:0 rate=10mbit delay=5ms; kernel->ps:* ; ps:1") == {
+        "worker:0->ps:0": LinkModel(1.25e6, 0.005),
+        "kernel->ps:*": LinkModel(None, 0.0),
+        "ps:1": LinkModel(None, 0.0),
+    }
+    for bad, said in (
+        ("ps:0->ps:0 rate=1mbit", "link to itself"),
+        ("worker:0->kernel rate=1mbit", "the kernel has none"),
+        ("wrkr->ps:0 rate=1mbit", "not a source"),
+        ("worker:0->ps rate=1mbit", "not a task"),
+        ("worker:0->ps:0 rate=fast", "not a rate"),
+        ("worker:0->ps:0 delay=-1ms", "not a delay"),
+        ("worker:0->ps:0 speed=1mbit", "rate=100mbit"),
+    ):
+        with pytest.raises(BadNet, match=said) as err:
+            netshape.parse_net(bad)
+        assert "\n" not in str(err.value), str(err.value)
+    for bad in (float("nan"), float("inf"), -1.0, True):
+        with pytest.raises(BadNet):
+            netshape.parse_rate(bad)
+
+
+if __name__ == "__main__":
+    source_main(int(sys.argv[1]), int(sys.argv[2]))
