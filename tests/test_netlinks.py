@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -24,7 +25,7 @@ import pytest
 from tfmagic import netshape, traffic
 from tfmagic.netshape import BadNet, LinkModel
 
-from .conftest import assert_gone
+from .conftest import SHARED, assert_gone, share
 
 #: the tolerance of the existing card tests (tests/test_inside.py): measured within [0.85, 1.6] x model
 LOW, HIGH = 0.85, 1.6
@@ -305,6 +306,168 @@ def test_net_specs_with_links_parse_and_bad_ones_are_one_line():
     for bad in (float("nan"), float("inf"), -1.0, True):
         with pytest.raises(BadNet):
             netshape.parse_rate(bad)
+
+
+# -- a real cluster: 1 ps behind a relay (no limit), 2 workers ---------------------------------------
+@pytest.mark.cluster
+@pytest.mark.kernel
+def test_net_magic_shapes_links_and_says_bad_input_in_one_line():
+    """In a real kernel: --net with a link at start, the listing, a quoted link, and bad input."""
+    from .kernelutil import Kernel
+
+    k = Kernel(env={"TFMAGIC_SPARES": "0"})
+    try:
+        k.ok("%load_ext tfmagic")
+        k.ok(
+            '%tf_cluster start --ps 1 --workers 2 --net "worker:0->ps:0 rate=10mbit; kernel -> ps:0 delay=1ms"',
+            timeout=180,
+        )
+        shown = k.ok("%tf_cluster net").text
+        assert "ps:0 " in shown and "unlimited, 0 ms delay" in shown, (
+            shown
+        )  # the relay the link rule asked for
+        assert "worker:0->ps:0" in shown and "10 Mbit/s" in shown and "kernel->ps:0" in shown, shown
+        shown = k.ok("%tf_cluster net worker:1->ps:0 --rate 20mbit --delay 2ms").text
+        assert "worker:1->ps:0 now: 20 Mbit/s, 2 ms delay" in shown, shown
+        shown = k.ok("%tf_cluster net 'worker:0 -> ps:0' --rate none").text
+        assert "worker:0 -> ps:0: no link rule now" in shown, shown
+        shown = k.ok("%tf_cluster net ps:0 --rate 100mbit").text
+        assert "ps:0's network card now: 100 Mbit/s" in shown, shown
+
+        def models() -> list[str]:  # each card and link with its model (the byte counts move on)
+            return [line[:51].rstrip() for line in k.ok("%tf_cluster net").text.splitlines() if line.strip()]
+
+        before = models()
+        assert len(before) == 4 and "worker:0->ps:0" not in str(before), (
+            before
+        )  # header, ps:0, kernel, worker:1
+        for bad, said in (
+            ("%tf_cluster net worker:5->ps:0 --rate 10mbit", "worker:5 is not in this cluster"),
+            ("%tf_cluster net worker:0->ps:3 --rate 10mbit", "ps:3 is not in this cluster"),
+            ("%tf_cluster net ps:0->ps:0 --rate 10mbit", "link to itself"),
+            ("%tf_cluster net worker:0->ps:0 --rate fast", "not a rate"),
+            ("%tf_cluster net worker:0->ps:0 --rate 10mbit --delay=-1ms", "not a delay"),
+            ("%tf_cluster net ps:0->worker:1 --rate 10mbit", "--net"),
+            ("%tf_cluster net --rate 10mbit", "needs a card or link"),
+        ):
+            reply = k.run(bad)
+            assert reply.status == "error" and reply.error["ename"] == "UsageError", (bad, reply.text)
+            assert said in reply.error["evalue"] and "Traceback" not in reply.text, (bad, reply.text)
+            assert "\n" not in reply.error["evalue"], reply.error["evalue"]
+        assert models() == before, "bad input left the models as they were"
+        assert k.value("__import__('tfmagic').current_cluster().running") is True, "cluster intact"
+    finally:
+        k.shutdown()
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    import tfmagic
+
+    c = tfmagic.LocalCluster(ps=1, workers=2, spares=False, name="netlinks", net="ps:0")
+    c.start()
+    handle = share(c)
+    try:
+        yield c
+    finally:
+        SHARED.remove(handle)
+        pids = [c.shaper.pid] + [p.pid for p in c.procs.values()]
+        c.stop()
+        assert_gone(pids, timeout=15)
+
+
+@pytest.fixture(scope="module")
+def variable(cluster):
+    """A ~4 MB variable on ps:0, and a measured read of it on a worker (the worker fetches it from ps:0)."""
+    import tensorflow as tf
+
+    with cluster.device("ps:0"):
+        v = tf.Variable(tf.zeros([1_000_000]))  # 4 MB
+
+    def read(worker: str) -> float:
+        t0 = time.perf_counter()
+        with cluster.device(worker):
+            out = tf.reduce_sum(v * 2.0)
+        out.numpy()
+        return time.perf_counter() - t0
+
+    for w in ("worker:0", "worker:1"):
+        read(w)  # first connections
+    return read
+
+
+@pytest.mark.cluster
+def test_a_shaped_link_slows_only_its_worker_and_lifting_it_frees_it(cluster, variable):
+    read = variable
+    free = {w: min(read(w) for _ in range(2)) for w in ("worker:0", "worker:1")}
+    cluster.net("worker:0->ps:0", rate="40mbit")
+    model = 4e6 / (40e6 / 8)  # 0.8 s
+    slow = min(read("worker:0") for _ in range(2))
+    other = min(read("worker:1") for _ in range(2))
+    assert LOW * model <= slow <= HIGH * model, (slow, model, free)
+    assert other < model / 4, (other, model, free)
+    cluster.net("worker:0->ps:0", rate=None)
+    again = min(read("worker:0") for _ in range(2))
+    assert again < model / 4, (again, model, free)
+    print(
+        f"4 MB read: no rule {free}, worker:0 at 40mbit {slow:.3f} s (model {model} s), worker:1 {other:.3f} s, "
+        f"worker:0 lifted {again:.3f} s; source lookups {cluster.shaper.lookups}, "
+        f"{1e3 * cluster.shaper.lookup_s / max(1, cluster.shaper.lookups):.1f} ms each"
+    )
+
+    routes = cluster.shaper.routes()["ps:0"]
+    assert {"worker:0", "worker:1", "kernel"} <= set(routes["connections"]), routes["connections"]
+    assert "unknown" not in routes["connections"], routes[
+        "connections"
+    ]  # ("closed": the start's port probes)
+    assert routes["links"]["worker:0"]["out"] >= 8e6 and routes["links"]["worker:1"]["out"] >= 8e6, routes
+    assert cluster.net().model("worker:0->ps:0") is None  # lifted: no rule left
+
+    # a card on top of the link: the slower sets the pace (here the card, shared by both workers)
+    cluster.net("worker:*->ps:0", rate="80mbit")
+    cluster.net("ps:0", rate="40mbit")
+    try:
+        both = min(read("worker:1") for _ in range(2))
+        assert LOW * model <= both <= HIGH * model, (both, model)
+        models = cluster.net()
+        assert [(r["kind"], r["src"], r["dst"]) for r in models] == [
+            ("card", None, "ps:0"),
+            ("link", "worker:*", "ps:0"),
+        ]
+        assert models.rows[1]["rate"] == 10e6 and models.rows[1]["from_task"] >= 8e6, models.rows
+    finally:
+        cluster.net("ps:0", rate=None)
+        cluster.net("worker:*->ps:0", rate=None)
+    assert len(cluster.net()) == 1
+
+
+@pytest.mark.cluster
+def test_bad_links_are_one_line_and_leave_the_cluster_as_it_was(cluster):
+    from tfmagic.errors import TfmagicError
+
+    cluster.net("kernel->ps:0", delay="1ms")
+    try:
+        before = [dict(r, to_task=0, from_task=0) for r in cluster.net()]
+        for args, said in (
+            (("worker:7->ps:0", "10mbit"), "worker:7 is not in this cluster"),
+            (("worker:0->ps:4", "10mbit"), "ps:4 is not in this cluster"),
+            (("chief:*->ps:0", "10mbit"), "is not in this cluster"),
+            (("ps:0->ps:0", "10mbit"), "link to itself"),
+            (("worker:0->kernel", "10mbit"), "the kernel has none"),
+            (("worker:0->ps:0", "fast"), "not a rate"),
+            (("worker:0->ps:0", "10mbit", "-1ms"), "not a delay"),
+            (("worker:0->ps:0", float("nan")), "rate must be"),
+            (("ps:0->worker:1", "10mbit"), 'start ... --net "worker:1"'),
+            (("kernel->worker:*", "10mbit"), "worker:0, worker:1 have no relay"),
+        ):
+            with pytest.raises(TfmagicError, match=re.escape(said)) as err:
+                cluster.net(*args)
+            assert "\n" not in str(err.value), str(err.value)
+        after = [dict(r, to_task=0, from_task=0) for r in cluster.net()]
+        assert after == before and cluster.running and all(p.alive for p in cluster.procs.values())
+        assert cluster.net().model("kernel->ps:0") == LinkModel(None, 0.001)
+    finally:
+        cluster.net("kernel->ps:0", delay=None)
 
 
 if __name__ == "__main__":

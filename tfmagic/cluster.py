@@ -169,16 +169,21 @@ class Cluster:
         net: str | dict | None = None,
     ) -> None:
         self.shape = ClusterShape(ps=ps, workers=workers, chief=chief)
-        #: the tasks with a modelled network card (see :mod:`tfmagic.netshape`), chosen at start
+        #: the modelled network chosen at start (see :mod:`tfmagic.netshape`): cards (``ps:0``), which
+        #: give their task a relay, and link rules (``worker:0->ps:0``), which give a relay to theirs
         self.net_models: dict[str, netshape.LinkModel] = netshape.parse_net(net)
-        for pattern in self.net_models:
-            job, _, index = pattern.partition(":")
-            count = {"ps": ps, "worker": workers, "chief": chief}.get(job, 0)
-            if count == 0 or (index != "*" and int(index) >= count):
-                raise netshape.BadNet(
-                    f"--net names {pattern}, which this cluster will not have ({ps} ps, {workers} workers)"
-                )
+        for key in self.net_models:
+            for pattern in netshape.parse_target(key):
+                if pattern is None or pattern == netshape.KERNEL:
+                    continue
+                job, _, index = pattern.partition(":")
+                count = {"ps": ps, "worker": workers, "chief": chief}.get(job, 0)
+                if count == 0 or (index != "*" and int(index) >= count):
+                    raise netshape.BadNet(
+                        f"--net names {pattern}, which this cluster will not have ({ps} ps, {workers} workers)"
+                    )
         self.shaper: netshape.Shaper | None = None
+        self._net_procs: dict[TaskName, TaskHandle] = {}
         self._bind_ports: dict[TaskName, int] = {}
         if collective and ps:
             raise BadClusterShape(
@@ -409,17 +414,26 @@ class Cluster:
         return warm, len(tasks) - warm
 
     def _shaped(self, task: TaskName) -> netshape.LinkModel | None:
-        return self.net_models.get(str(task)) or self.net_models.get(f"{task.job}:*")
+        """The card of a task that gets a relay: named as a card, or as the destination of a link rule."""
+        card = self.net_models.get(str(task)) or self.net_models.get(f"{task.job}:*")
+        if card is not None:
+            return card
+        for key in self.net_models:
+            src, dst = netshape.parse_target(key)
+            if src is not None and netshape.matches(dst, str(task)):
+                return netshape.LinkModel()
+        return None
 
     def _route_shaped(self, tasks: list[TaskName], procs: dict[TaskName, TaskHandle], defn) -> None:
-        """Shaped tasks serve on a private port; their cluster address is the relay's."""
+        """Relayed tasks serve on a private port; their cluster address is the relay's."""
         shaped = [t for t in tasks if self._shaped(t) is not None]
         if not shaped:
             return
         if not self.launcher.makes_spares:  # only local launchers make spares; the relay is local too
             raise netshape.BadNet("a modelled network (--net) works on local clusters only")
+        self._net_procs = procs
         if self.shaper is None or not self.shaper.alive:
-            self.shaper = netshape.Shaper()
+            self.shaper = netshape.Shaper(sources=self._net_sources, owners=traffic.socket_inodes)
         for t in shaped:
             port = defn.address(t).rsplit(":", 1)[1]
             bind = self.launcher.pick_port(procs[t])
@@ -427,22 +441,83 @@ class Cluster:
                 bind = self.launcher.pick_port(procs[t])
             self._bind_ports[t] = bind
             self.shaper.route(str(t), int(port), f"{procs[t].host}:{bind}", self._shaped(t))
+        for key, model in self.net_models.items():
+            src, dst = netshape.parse_target(key)
+            if src is not None:
+                for t in shaped:
+                    if netshape.matches(dst, str(t)) and str(t) != src:
+                        self.shaper.link(src, str(t), model)
 
-    def net(self, task: str | TaskName, rate: str | float | None = None, delay: str | float | None = None):
-        """Change a shaped task's modelled card live: ``rate`` (``"50mbit"``, None: unlimited), ``delay``.
+    def _net_sources(self) -> dict[int, str]:
+        """pid -> name of every process a connection to a relay can come from (the relay's Shaper asks)."""
+        found = {os.getpid(): netshape.KERNEL}
+        for task, proc in list((self.procs or self._net_procs).items()):
+            pid = getattr(proc, "task_pid", None) or proc.pid
+            if pid is not None:
+                found[pid] = str(task)
+        return found
 
-        Which tasks are shaped is chosen at start (``net=``); see :mod:`tfmagic.netshape`.
+    def _net_tasks(self, pattern: str) -> list[TaskName]:
+        """The running cluster's tasks a card or link names (``ps:0``, ``worker:*``)."""
+        if pattern.endswith(":*"):
+            job = pattern[:-2]
+            found = self.tasks(job)
+            if not found:
+                self.check_task(f"{job}:0")  # says which tasks the cluster has
+            return found
+        return [self.check_task(pattern)]
+
+    def net(
+        self,
+        target: str | TaskName | None = None,
+        rate: str | float | None = None,
+        delay: str | float | None = None,
+    ):
+        """Change a modelled card or link live; with no arguments, every card and link model.
+
+        ``target`` is a relayed task (``"ps:0"``: its card) or a link (``"worker:0->ps:0"``,
+        ``"worker:*->ps:0"``, ``"kernel->ps:0"``): ``rate`` each way (``"50mbit"``, None: unlimited) and
+        one-way ``delay``; a link with neither loses its rule.  Which tasks have a relay is chosen at
+        start (``net=``); see :mod:`tfmagic.netshape`.  Returns the model set, or with no target the
+        :class:`~tfmagic.netshape.NetModels` (cards and links, with the bytes that crossed each).
         """
-        t = self.check_task(task)
+        if target is None:
+            self._need_running()
+            if rate is not None or delay is not None:
+                raise netshape.BadNet(
+                    "name the card or link to change: net('ps:0', rate=...) or net('worker:0->ps:0', rate=...)"
+                )
+            return self.shaper.report() if self.shaper is not None else netshape.NetModels([])
+        if "->" not in str(target):  # a card: any form of a task's name (ps:0, /job:ps/task:0)
+            t = self.check_task(target)
+            model = netshape.LinkModel(netshape.parse_rate(rate), netshape.parse_delay(delay))
+            if self.shaper is None or str(t) not in self.shaper.models:
+                shaped = ", ".join(self.shaper.models) if self.shaper else "none"
+                raise netshape.BadNet(
+                    f"{t} has no modelled network (shaped here: {shaped}); which tasks are shaped is chosen "
+                    f'at start: %tf_cluster start ... --net "{t} rate=100mbit delay=2ms"'
+                )
+            self.shaper.shape(str(t), model)
+            self.emit("net", t, model.describe())
+            return model
+        src, dst = netshape.parse_target(str(target))
+        if src != netshape.KERNEL:
+            self._net_tasks(src)
+        tasks = [t for t in self._net_tasks(dst) if str(t) != src]
         model = netshape.LinkModel(netshape.parse_rate(rate), netshape.parse_delay(delay))
-        if self.shaper is None or str(t) not in self.shaper.models:
+        unrelayed = [str(t) for t in tasks if self.shaper is None or str(t) not in self.shaper.models]
+        if unrelayed:
             shaped = ", ".join(self.shaper.models) if self.shaper else "none"
             raise netshape.BadNet(
-                f"{t} has no modelled network (shaped here: {shaped}); which tasks are shaped is chosen "
-                f'at start: %tf_cluster start ... --net "{t} rate=100mbit delay=2ms"'
+                f"{', '.join(unrelayed)} {'has' if len(unrelayed) == 1 else 'have'} no relay, so links into "
+                f"{'it' if len(unrelayed) == 1 else 'them'} cannot be shaped (relays here: {shaped}); "
+                f'which tasks have one is chosen at start: %tf_cluster start ... --net "{dst}" (a relay, no limit)'
             )
-        self.shaper.shape(str(t), model)
-        self.emit("net", t, model.describe())
+        for t in tasks:
+            self.shaper.link(src, str(t), model)
+            self.emit(
+                "net", t, f"{src}->{t}: {model.describe() if not model.lifted else 'no rule (the card only)'}"
+            )
         return model
 
     def _choose_addresses(self, tasks: list[TaskName], procs: dict[TaskName, TaskHandle]) -> ClusterDef:

@@ -23,7 +23,8 @@ other's delay.  A rate of ``None`` passes bytes at the machine's speed.
 
 Which source a connection comes from is asked once, when it is accepted: the
 relay tells its owner the connection's two addresses (``who``); the answer
-(``source``: a task's name, ``kernel``, or null for a process the owner does
+(``source``: a task's name, ``kernel``, ``closed`` when the other end has
+already gone, as a port probe's does, or null for a process the owner does
 not know) usually comes within milliseconds, and the connection's bytes wait
 for it up to :data:`WHO_WAIT_S` (a busy owner then delays no connection for
 longer: the bytes cross the card only until the answer comes, and for good
@@ -131,7 +132,7 @@ class Route:
         self.card = Model()
         self.rules: dict[str, tuple[float | None, float]] = {}  # source pattern -> (rate, delay)
         self.links: dict[str, Model] = {}  # each source seen so far -> its link
-        self.connections: dict[str, int] = {}  # source (or "unknown") -> connections accepted
+        self.connections: dict[str, int] = {}  # source ("unknown", "closed") -> connections accepted
         self.server: asyncio.base_events.Server | None = None
         self._who = who
 
@@ -166,7 +167,7 @@ class Route:
         source = answer.result() if answer.exception() is None else None
         conn.source = source if isinstance(source, str) and source else "unknown"
         self.connections[conn.source] = self.connections.get(conn.source, 0) + 1
-        conn.link = self.link_of(conn.source) if conn.source != "unknown" else None
+        conn.link = self.link_of(conn.source) if conn.source not in ("unknown", "closed") else None
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = Connection()

@@ -104,8 +104,9 @@ class ClusterMagics(Magics):
     @arg(
         "--net",
         default=None,
-        help='a modelled network card for some tasks: "ps:0 rate=100mbit delay=2ms" (ps:* for every ps; '
-        "; between tasks); rates and delays then change live with %%%%tf_cluster net",
+        help='a modelled network for some tasks: "ps:0 rate=100mbit delay=2ms" (a card; ps:* for every ps), '
+        '"worker:0->ps:0 rate=10mbit" (a link), "ps:*" (a relay, no limit yet); ";" between entries; '
+        "rates and delays then change live with %%%%tf_cluster net",
     )
     @arg("--hosts", default=None, help="ssh: hosts, comma-separated (node1,node2)")
     @arg("--python", default=None, help="ssh: the Python on the hosts (default python3)")
@@ -346,19 +347,37 @@ class ClusterMagics(Magics):
             print(f"{task} runs at full speed again.")
 
     @verb(
-        "a shaped task's modelled network card, live: --rate 100mbit --delay 2ms (shaped at start with --net)"
+        "the modelled network, live: a relayed task's card (ps:0) or a link into it (worker:0->ps:0): "
+        "--rate 100mbit --delay 2ms; with no target, every card and link (relays chosen at start with --net)"
     )
-    @arg("task", nargs="?", default=None, help="ps:0")
+    @arg(
+        "target",
+        nargs="?",
+        default=None,
+        help="ps:0 (its card), worker:0->ps:0 or 'worker:0 -> ps:0' (a link)",
+    )
     @arg("--rate", default=None, help="each way, as tc writes it: 100mbit, 1gbit, 5mbps (megabytes/s); none")
-    @arg("--delay", default="0ms", help="one way: 2ms")
+    @arg("--delay", default=None, help="one way: 2ms (default 0)")
     def cmd_net(self, args):
         cluster = _need_cluster("shape")
-        task = _task(cluster, args.task, "net")
+        if args.target is None:
+            if args.rate is not None or args.delay is not None:
+                raise UsageError(
+                    "net needs a card or link to change, e.g. %tf_cluster net worker:0->ps:0 --rate 10mbit"
+                )
+            print(cluster.net())
+            return
+        target = unquote(args.target)
         try:
-            model = cluster.net(task, rate=args.rate, delay=args.delay)
+            model = cluster.net(target, rate=args.rate, delay=args.delay)
         except TfmagicError as exc:
-            raise UsageError(str(exc)) from None
-        print(f"{task}'s network card now: {model.describe()}.")
+            raise UsageError(render.as_magic(str(exc))) from None
+        if "->" not in target:
+            print(f"{cluster.check_task(target)}'s network card now: {model.describe()}.")
+        elif model.lifted:
+            print(f"{target}: no link rule now; its bytes cross the card only.")
+        else:
+            print(f"{target} now: {model.describe()} (on top of the card).")
 
     @verb("kill a task's process, as a crash would")
     @arg("task", nargs="?", default=None, help="worker:1")
