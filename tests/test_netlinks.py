@@ -23,6 +23,7 @@ import time
 import pytest
 
 from tfmagic import netshape, traffic
+from tfmagic.net import free_port
 from tfmagic.netshape import BadNet, LinkModel
 
 from .conftest import SHARED, assert_gone, share
@@ -77,12 +78,6 @@ class Task:
         self.sock.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Sources:
     """Source processes the Shaper knows by name (pid -> name), each ready to connect on 'go'."""
 
@@ -120,7 +115,7 @@ def relay():
     """A Shaper (its relay process) routing ps:0 to a plain socket server, and source processes."""
     task, sources = Task(), Sources()
     shaper = netshape.Shaper(sources=lambda: dict(sources.names), owners=traffic.socket_inodes)
-    port = _free_port()
+    port = free_port()
     shaper.route("ps:0", port, f"127.0.0.1:{task.port}", LinkModel())
     try:
         yield shaper, port, sources
@@ -202,7 +197,7 @@ def test_delays_of_card_and_link_add():
     """A link's delay adds to its card's: a ping through both waits both, each way."""
     task = Task()
     shaper = netshape.Shaper(sources=lambda: {os.getpid(): "kernel"}, owners=traffic.socket_inodes)
-    port = _free_port()
+    port = free_port()
     try:
         shaper.route("ps:0", port, f"127.0.0.1:{task.port}", LinkModel(None, 0.02))
         shaper.link("kernel", "ps:0", LinkModel(None, 0.03))
@@ -247,7 +242,7 @@ def test_a_slow_answer_delays_a_connection_at_most_who_wait_and_its_link_applies
         return {os.getpid(): "kernel"}
 
     shaper = netshape.Shaper(sources=slow_sources, owners=traffic.socket_inodes)
-    port = _free_port()
+    port = free_port()
     try:
         shaper.route("ps:0", port, f"127.0.0.1:{echo.getsockname()[1]}", LinkModel())
         rate = netshape.parse_rate("4mbit")

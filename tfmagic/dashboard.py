@@ -139,9 +139,8 @@ class Dashboard:
         self._stop = threading.Event()
         self.frames = 0
         self.full_draws = 0  # the whole figure drawn (the first frame, a new line or legend)
-        self.axes_draws = (
-            0  # frames that redrew some axes (new limits, marks, rows); the rest draw lines only
-        )
+        # frames that redrew some axes (new limits, marks, rows); the rest draw lines only
+        self.axes_draws = 0
         self.last_png: bytes | None = None
         self.last_draw_s: float | None = None
         self._fig = None
@@ -504,13 +503,11 @@ class Dashboard:
             if self._background is None:
                 canvas.draw()
                 self.full_draws += 1
-                self._regions = {}
+                renderer = canvas.get_renderer()  # every axes' area, for the partial redraws that follow
+                self._regions = {key: a.get_tightbbox(renderer) for key, a in ax.items()}
             else:
                 canvas.restore_region(self._background)
-                self._redraw_axes(changed)
-            if not self._regions or len(changed) == len(ax):  # after a full draw: every axes' area
-                renderer = canvas.get_renderer()
-                self._regions = {key: a.get_tightbbox(renderer) for key, a in ax.items()}
+                self._redraw_axes(changed)  # keeps the redrawn axes' areas
             self._background = canvas.copy_from_bbox(fig.bbox)
             self.axes_draws += 1
         else:

@@ -49,7 +49,9 @@ and a router's queue limits (the relay reads from a sender only as fast as
 the model passes, so a sender waits on TCP's flow control, and nothing is
 dropped).  A connection whose source
 the Shaper cannot name (a process that is neither a task nor the kernel, or
-no answer within 2 s) crosses the card only.  The relay is a Python process,
+no answer within the relay's 10 s) crosses the card only; while the answer is
+awaited its bytes wait at most 0.5 s, then cross the card only until it comes
+(see :mod:`tfmagic.shaper_main`).  The relay is a Python process,
 so it passes at most a few hundred MB/s here (:data:`RELAY_LIMIT_BYTES_S`; a
 rate above that is not kept); it listens on loopback only, so local
 clusters only.

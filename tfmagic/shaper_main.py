@@ -143,12 +143,16 @@ class Route:
                 return pattern, self.rules[pattern]
         return None
 
+    def _apply_rule(self, source: str, link: Model) -> None:
+        """Set ``link`` to the rule that applies to ``source`` now (none: no limit, no delay)."""
+        found = self.rule_for(source)
+        link.set(*(found[1] if found else (None, 0.0)))
+
     def link_of(self, source: str) -> Model:
         link = self.links.get(source)
         if link is None:
             link = self.links[source] = Model()
-            found = self.rule_for(source)
-            link.set(*(found[1] if found else (None, 0.0)))
+            self._apply_rule(source, link)
         return link
 
     def set_rule(self, pattern: str, rate: float | None, delay: float) -> None:
@@ -157,8 +161,7 @@ class Route:
         else:
             self.rules[pattern] = (rate, delay)
         for source, link in self.links.items():
-            found = self.rule_for(source)
-            link.set(*(found[1] if found else (None, 0.0)))
+            self._apply_rule(source, link)
 
     def _named(self, conn: Connection, answer: asyncio.Future) -> None:
         """The owner named the connection's source (or could not): its link applies from now on."""
