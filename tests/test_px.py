@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import socket
 import time
 
@@ -125,6 +126,45 @@ def test_interrupt_stops_the_cells(px_cluster):
     assert run_px(px_cluster, "1 + 1", targets="worker:*").wait(15)["worker:1"].result == 2
 
 
+def test_targets_start_the_body_together_after_their_slow_imports(px_cluster, tmp_path):
+    """%%tf_px's barrier: a target whose imports take 2 s longer holds the others back, so the
+    cell's body starts on every target within a fraction of a second (without the barrier
+    worker:0 would start about 2 s before worker:1, and train alone meanwhile)."""
+    (tmp_path / "slow_on_one.py").write_text(
+        "import json, os, time\n"
+        "task = json.loads(os.environ['TF_CONFIG'])['task']\n"
+        "time.sleep(2.0 if task == {'type': 'worker', 'index': 1} else 0.0)\n"
+    )
+    setup = run_px(px_cluster, f"import sys\nsys.path.insert(0, {str(tmp_path)!r})", targets="worker:*")
+    assert all(o.status == "ok" for o in setup.wait(60).values())
+    r = run_px(
+        px_cluster,
+        "import time\nimport slow_on_one\nbody_started = time.time()\nbody_started",
+        targets="worker:*",
+    )
+    out = r.wait(60)
+    assert all(o.status == "ok" for o in out.values()), {t: o.traceback for t, o in out.items()}
+    starts = sorted(o.result for o in out.values())
+    assert starts[1] - starts[0] < 0.5, starts
+    assert r.started_together_at is not None and abs(r.started_together_at - starts[0]) < 0.5
+
+
+def test_an_interrupt_reaches_targets_waiting_at_the_barrier(px_cluster, tmp_path):
+    """A target waiting for a slower one is interrupted too: nothing of the body runs."""
+    (tmp_path / "very_slow_on_one.py").write_text(
+        "import json, os, time\n"
+        "task = json.loads(os.environ['TF_CONFIG'])['task']\n"
+        "time.sleep(3.0 if task == {'type': 'worker', 'index': 1} else 0.0)\n"
+    )
+    run_px(px_cluster, f"import sys\nsys.path.insert(0, {str(tmp_path)!r})", targets="worker:*").wait(60)
+    r = run_px(px_cluster, "import very_slow_on_one\nprint('body ran')", targets="worker:*")
+    time.sleep(1.0)
+    r.interrupt()
+    out = r.wait(30)
+    assert all(o.status == "interrupted" for o in out.values()), {t: o.status for t, o in out.items()}
+    assert all("body ran" not in o.stdout for o in out.values())
+
+
 def test_bad_targets(px_cluster):
     with pytest.raises(PxError, match="no job 'chief'"):
         run_px(px_cluster, "1", targets="chief:*")
@@ -186,6 +226,12 @@ def test_seed_000_sync_program_reaches_the_engines_loss(px_cluster):
     out = r.wait(180)
     assert all(o.status == "ok" for o in out.values()), {t: o.traceback for t, o in out.items()}
     assert "returns at once" in out["ps:0"].stdout
+    # seed 002's question, "did the nodes really cooperate?": the workers start together
+    # (the cell's barrier), so each computes a fair part of the gradients
+    local = {
+        t: int(re.search(r"(\d+) local steps", out[t].stdout).group(1)) for t in ("worker:0", "worker:1")
+    }
+    assert min(local.values()) >= sum(local.values()) / 3, local
     w, b = (
         run_px(px_cluster, "(float(final_w[0][0]), float(final_b[0]))", targets="worker:0")
         .wait(30)["worker:0"]
@@ -206,7 +252,10 @@ def test_seed_000_sync_program_reaches_the_engines_loss(px_cluster):
 def test_seed_000_async_program(px_cluster):
     out = run_px(px_cluster, seed_000(issync=False, steps=120)).wait(180)
     assert all(o.status == "ok" for o in out.values()), {t: o.traceback for t, o in out.items()}
-    assert "local steps" in out["worker:1"].stdout
+    local = {
+        t: int(re.search(r"(\d+) local steps", out[t].stdout).group(1)) for t in ("worker:0", "worker:1")
+    }
+    assert min(local.values()) >= sum(local.values()) / 3, local
 
 
 def test_multi_worker_mirrored_strategy_in_collective_mode():

@@ -105,10 +105,25 @@ class PxRun:
         self._seen_steps: set[int] = set()
         #: tasks whose first cell this is: they complete TensorFlow's Python API first (seconds)
         self.importing: list[str] = []
+        #: tasks past the cell's barrier preparation (its imports), waiting for every target
+        self._ready: set[str] = set()
+        self._released = False
+        self._sent = False  # every target has been sent the cell (a quick one may be ready before)
+        #: when the barrier let every target start the cell's body (None: not yet, or one target)
+        self.started_together_at: float | None = None
 
     # -- sending ---------------------------------------------------------------
     def start(self) -> PxRun:
+        """Send the cell to every target.
+
+        With several targets the cell has a barrier: each task first does what
+        is slow (the first cell's TensorFlow API, the cell's leading imports),
+        then says ``exec_ready``; once every target has (or has died) they are
+        all told ``go`` at once, so between-graph workers start the body
+        together instead of one training alone while the other still imports.
+        """
         self._cluster_sub = self.cluster.events.subscribe(self._on_cluster_event)
+        barrier = len(self.targets) > 1
         for task in self.targets:
             proc = self.cluster.procs.get(task)
             outcome = self.outcomes[str(task)]
@@ -125,9 +140,13 @@ class PxRun:
             if not proc.api_complete:
                 self.importing.append(str(task))
                 proc.api_complete = True  # the task completes it before it runs this cell
-            proc.send("exec", id=self.id, code=self.code, filename=f"<tf_px {task}>")
+            proc.send("exec", id=self.id, code=self.code, filename=f"<tf_px {task}>", barrier=barrier)
             self._last_report[str(task)] = time.time()
+        with self._cond:
+            self._sent = True
         events.started.publish(self)
+        if barrier:
+            self._release_if_ready()
         if self.done:
             self._cluster_sub.close()
         return self
@@ -151,7 +170,11 @@ class PxRun:
             if msg.get("id") != self.id and msg.get("exec_id") != self.id:
                 return
             outcome = self.outcomes[task]
-            if kind == "stream":
+            if kind == "exec_ready":
+                with self._cond:
+                    self._ready.add(task)
+                self._release_if_ready()
+            elif kind == "stream":
                 if msg.get("name") == "stderr":
                     outcome.stderr += msg["text"]
                 else:
@@ -201,6 +224,21 @@ class PxRun:
             self._seen_steps.add(step)
             self.history.add_global(GlobalStep(step, now, loss, aggregated=(task,)))
 
+    def _release_if_ready(self) -> None:
+        """Tell every waiting target ``go`` once none is still preparing (see :meth:`start`)."""
+        with self._cond:
+            if self._released or not self._sent or not self._procs:
+                return
+            if any(t not in self._ready and not self.outcomes[t].done for t in self._procs):
+                return
+            self._released = True
+            self.started_together_at = time.time()
+            waiting = [t for t in self._procs if t in self._ready and not self.outcomes[t].done]
+        for task in waiting:
+            self._last_report[task] = self.started_together_at
+            self.outcomes[task].started = self.started_together_at
+            self._procs[task].send("go", exec_id=self.id)
+
     def _finish(self, task: str, status: str, ename=None, evalue=None, tb=None) -> None:
         with self._cond:
             outcome = self.outcomes[task]
@@ -217,6 +255,8 @@ class PxRun:
                 sub.close()
             self._cond.notify_all()
         self.events.put((task, status, outcome))
+        if len(self.targets) > 1:
+            self._release_if_ready()  # a target that died before its barrier holds no one back
         if all(o.done for o in self.outcomes.values()):
             self.history.ended_at = time.time()
             cluster_sub = getattr(self, "_cluster_sub", None)

@@ -39,6 +39,7 @@ import ast
 import base64
 import builtins
 import importlib.util
+import io
 import itertools
 import linecache
 import os
@@ -98,6 +99,8 @@ class TaskRuntime:
         self.namespace: dict[str, Any] | None = None
         self.current_exec: str | None = None
         self.cancelled: set[str] = set()  # cells interrupted before they started
+        #: {cell id: set when every target is ready}: a %%tf_px cell's barrier (``urgent_go``)
+        self._go: dict[str, threading.Event] = {}
         self._exec_lock = threading.Lock()
         self.cluster: dict | None = None
 
@@ -335,9 +338,18 @@ class TaskRuntime:
                 # would wait for the cell's blocking call (time.sleep, a join) to return.
                 signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
             elif msg.get("exec_id"):
-                # Not started yet (the task is still importing what the cell needs):
-                # it must not start at all, or the interrupt would be lost.
+                # Not started yet (the task is still importing what the cell needs,
+                # or waits at the cell's barrier): it must not start at all, or the
+                # interrupt would be lost.
                 self.cancelled.add(msg["exec_id"])
+                self._gate(msg["exec_id"]).set()
+
+    def urgent_go(self, msg: dict[str, Any]) -> None:
+        """Every target of a %%tf_px cell is ready: start its body now (see ``exec_cell``)."""
+        self._gate(msg["exec_id"]).set()
+
+    def _gate(self, rid: str) -> threading.Event:
+        return self._go.setdefault(rid, threading.Event())  # atomic: no lock (interrupt holds one)
 
     # -- ops -------------------------------------------------------------
     def assign(self, msg: dict[str, Any]) -> None:
@@ -487,7 +499,10 @@ class TaskRuntime:
         filename = msg.get("filename") or f"<tf_px {self.task}>"
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
         ns = self._namespace()  # the first cell's import of TensorFlow's API takes seconds
+        if msg.get("barrier"):
+            self._prepare_and_wait(rid, code, filename, ns)
         with self._exec_lock:
+            self._go.pop(rid, None)
             cancelled = rid in self.cancelled
             self.cancelled.discard(rid)
             if not cancelled:
@@ -537,6 +552,37 @@ class TaskRuntime:
             err.flush()
             sys.stdout, sys.stderr = saved
         self.send("exec_done", id=rid, **reply)
+
+    def _prepare_and_wait(self, rid: str, code: str, filename: str, ns: dict[str, Any]) -> None:
+        """A %%tf_px barrier: do what is slow, say so, then wait until every target has.
+
+        Between-graph workers that start at different moments do not share the
+        work: the first would train alone while the second still imports.  So
+        each target first runs the cell's leading imports (TensorFlow's API is
+        already complete: ``_namespace``), tells the owner ``exec_ready``, and
+        starts the body only when the owner says ``go`` (every target ready,
+        or gone).  An import that fails here fails again, visibly, in the body.
+        """
+        try:
+            tree = ast.parse(code, filename=filename)
+        except SyntaxError:
+            tree = None
+        leading = []
+        for node in tree.body if tree is not None else []:
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                break
+            leading.append(node)
+        if leading:
+            saved = sys.stdout, sys.stderr
+            sys.stdout = sys.stderr = io.StringIO()  # the body's run shows what they print
+            try:
+                exec(compile(ast.Module(body=leading, type_ignores=[]), filename, "exec"), ns)
+            except BaseException:  # noqa: BLE001 - the body runs them again and reports the error
+                pass
+            finally:
+                sys.stdout, sys.stderr = saved
+        self.send("exec_ready", id=rid)
+        self._gate(rid).wait()
 
     @staticmethod
     def _move_log(new_path: str) -> None:
@@ -850,7 +896,7 @@ def _tie_to_owner() -> None:
 def _tune_monitored_session(tf) -> None:
     """Documented tfmagic defaults that only make small runs on one machine fast.
 
-    Non-chief workers poll for the chief every second:
+    Non-chief workers poll for the chief every 0.1 s:
 
     A non-chief ``MonitoredTrainingSession`` (through TF's
     ``SessionManager``) that starts before the chief has initialised the
@@ -866,7 +912,7 @@ def _tune_monitored_session(tf) -> None:
     if getattr(cls.__init__, "_tfmagic_tuned", False):
         return
     original = cls.__init__
-    wait = float(os.environ.get("TFMAGIC_RECOVERY_WAIT_SECS", "1"))
+    wait = float(os.environ.get("TFMAGIC_RECOVERY_WAIT_SECS", "0.1"))
 
     @functools.wraps(original)
     def __init__(self, *args, **kwargs):  # noqa: N807 - it replaces SessionManager.__init__
