@@ -108,5 +108,13 @@ class ShownAbove(TfmagicError):
         return [self.note]
 
 
+class BadExpectation(TfmagicError, ValueError):
+    """A lesson's expectation no value could meet, or none given (``tfmagic.lesson``): a mistake in the lesson."""
+
+
+class LessonCheckFailed(TfmagicError, AssertionError):
+    """A lesson's statement that this run contradicted (``tfmagic.lesson``, strict mode only)."""
+
+
 class BadPace(TfmagicError, ValueError):
     """A pace that is not a positive duration (``"40ms"``), or one the machine cannot keep."""
