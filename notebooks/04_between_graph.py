@@ -140,14 +140,91 @@ elif job_name == "worker":
 (float(final_w[0][0]), float(final_b[0]))
 
 # %% [markdown]
+# Did the two workers really cooperate (seed 002's question)? Ask each task how many local steps it took:
+
+# %%
+# %%tf_px --targets worker:* -o sync_local_steps
+int(k)  # this task's local steps
+
+# %%
+from tfmagic import lesson
+
+sync_total = sum(sync_local_steps.values())
+for task, taken in sync_local_steps.items():
+    print(f"{task}: {taken} gradients, {taken / sync_total:.0%} of {sync_total}")
+lesson.expect(
+    sync_total, between=(290, 360), claim="150 updates of 2 gradients each took about 300 gradients in all"
+)
+lesson.expect(
+    min(sync_local_steps.values()) / sync_total,
+    at_least=1 / 3,
+    claim="each worker computed at least a third of them: the two cooperated",
+)
+
+# %% [markdown]
 # The workers did not take 150 local steps each: `SyncReplicasOptimizer` aggregates *any* two gradients per
-# update (a fast worker may contribute twice, and a late gradient is dropped), so together they computed
-# about 300, split by their speed. The table at the end compares the result with the other ways.
+# update, so together they computed about 300, and each about half, because both started at the same
+# moment: `%%tf_px` lets every task first import what the cell needs (the first cell also completes
+# TensorFlow's Python API, seconds), and starts the cell's body everywhere at once. Without that, the
+# first worker to finish importing would train alone while the other still imports.
+#
+# ## The pitfall: it counts gradients, not workers
+#
+# **Predict:** worker 1 now runs 8 times slower (`%tf_cluster slow`). Does each synchronous update wait for
+# worker 1's gradient?
+#
+# A fresh cluster first, because `SyncReplicasOptimizer` left its token queue on the ps; its first cell
+# imports what the program needs, before worker 1 is slowed.
+
+# %%
+# %tf_cluster start --ps 1 --workers 2 --replace
+
+# %%
+# %%tf_px
+import numpy as np
+
+from tfmagic.training.models import Linear
+
+print(f"{job_name}:{task_index} has numpy {np.__version__} and {Linear.__name__}")
+
+# %%
+# %tf_cluster slow worker:1 --factor 8
+
+# %%
+import re
+import time
+
+import tfmagic
+from tfmagic.px import run_px
+from tfmagic.seeds import seed_000
+
+t0 = time.time()
+slowed = run_px(tfmagic.current_cluster(), seed_000(issync=True, steps=150)).wait(300)
+slowed_local = {
+    t: int(re.search(r"(\d+) local steps", o.stdout).group(1)) for t, o in slowed.items() if t != "ps:0"
+}
+slowed_total = sum(slowed_local.values())
+print(f"150 synchronous updates in {time.time() - t0:.1f} s, same program as above")
+for task, taken in slowed_local.items():
+    print(f"{task}: {taken} gradients, {taken / slowed_total:.0%}")
+lesson.expect(
+    slowed_local["worker:1"] / slowed_total,
+    at_most=0.1,
+    claim="the slowed worker 1 gave almost none of the gradients, and no update waited for it",
+)
+lesson.expect(slowed_total, at_least=290, claim="the 150 updates still each took 2 gradients")
+
+# %% [markdown]
+# Each update took *two gradients*, and worker 0's second gradient was as good as worker 1's first:
+# `replicas_to_aggregate` counts gradients, not workers. So the "synchronous" program quietly became one
+# worker with a doubled batch; worker 1's rare gradients arrive late and are dropped as stale. To wait for
+# every worker, a program must count per worker (tfmagic's `mode="sync"` does: one gradient from each, and
+# notebook 03 shows what a straggler costs it then).
 #
 # ## Seed 000, asynchronous
 #
-# The same program with `issync = False`: each worker applies its own gradients. A fresh cluster first, because
-# `SyncReplicasOptimizer` left its token queue on the ps.
+# The same program with `issync = False`: each worker applies its own gradients. A fresh cluster again, with
+# no slowed worker.
 
 # %% [markdown]
 # **Predict:** without `SyncReplicasOptimizer`, each gradient is its own update. How will the 150 updates
@@ -216,9 +293,23 @@ elif job_name == "worker":
 # %%tf_px --targets worker:0 -o seed_async
 (float(final_w[0][0]), float(final_b[0]))
 
+# %%
+# %%tf_px --targets worker:* -o async_local_steps
+int(k)  # this task's local steps
+
+# %%
+async_total = sum(async_local_steps.values())
+for task, taken in async_local_steps.items():
+    print(f"{task}: {taken} updates, {taken / async_total:.0%} of {async_total}")
+lesson.expect(async_total, between=(148, 170), claim="the two workers took about 150 updates in all")
+lesson.expect(
+    min(async_local_steps.values()) / async_total, at_least=1 / 3, claim="each worker took at least a third"
+)
+
 # %% [markdown]
 # Together the workers took the 150 updates, each its share: nobody waited, and each worker's gradient was
-# computed on weights that the other may have changed meanwhile (staleness; notebook 02 measures it).
+# computed on weights that the other may have changed meanwhile (staleness; notebook 02 measures it). A few
+# more than 150 local steps is normal: a worker's last step may start just before the other's reaches 150.
 #
 # ## TF2's all-reduce: `MultiWorkerMirroredStrategy`
 #
@@ -367,6 +458,7 @@ pss_w, pss_b = float(weight.numpy()[0][0]), float(bias.numpy()[0])
 print(f"weight lives on {weight.device}")
 print(f"150 scheduled steps in {time.time() - t0:.2f} s: w = {pss_w:.4f}, b = {pss_b:.4f}")
 print(f"last step's loss, fetched from the worker that ran it: {losses[-1].fetch():.5f}")
+lesson.expect("/job:ps" in weight.device, claim="the strategy's scope put weight on the ps")
 
 # %% [markdown]
 # The variables went to the ps because the strategy's scope put them there; the steps ran on the workers
@@ -389,6 +481,16 @@ rows = [
 for name, w, b in rows:
     print(f"{name:42s} w = {w:.4f}  b = {b:.4f}  held-out loss {held_out(w, b):.5f}")
 print(f"{'kernel-driven sync (tfmagic.train)':42s} held-out loss {engine_sync.final_loss:.5f}")
+lesson.expect(
+    abs(held_out(aw, ab) - engine_sync.final_loss),
+    at_most=1e-5,
+    claim="all-reduce sync and tfmagic's kernel-driven sync reach the same held-out loss",
+)
+lesson.expect(
+    max(held_out(w, b) for _, w, b in rows),
+    at_most=0.02,
+    claim="all four ways fit the line: each held-out loss is near the data's noise (variance 0.01)",
+)
 
 # %% [markdown]
 # * **All-reduce sync** averages exactly one gradient per worker per step, like tfmagic's kernel-driven sync engine;
@@ -403,6 +505,9 @@ print(f"{'kernel-driven sync (tfmagic.train)':42s} held-out loss {engine_sync.fi
 # %%
 # %tf_cluster stop
 
+# %%
+lesson.summary()
+
 # %% [markdown]
 # ## Exercises
 #
@@ -413,8 +518,7 @@ print(f"{'kernel-driven sync (tfmagic.train)':42s} held-out loss {engine_sync.fi
 #    comparison go down much? Why not?
 # 3. Why did the asynchronous seed program need a fresh cluster after the synchronous one?
 # 4. The coordinator picks a free worker for each step. What would happen to the `ParameterServerStrategy`
-#    loop if you ran `%tf_cluster slow worker:1 8` first, and what would happen to the synchronous seed
-#    program?
+#    loop if you ran `%tf_cluster slow worker:1 --factor 8` first?
 #
 # <details><summary>Solutions (click to open)</summary>
 #
@@ -425,8 +529,8 @@ print(f"{'kernel-driven sync (tfmagic.train)':42s} held-out loss {engine_sync.fi
 # 3. `SyncReplicasOptimizer` keeps its gradient accumulators and token queue on the ps, and the variables
 #    of the first program stay there too: a second program with the same variable names would find the
 #    first one's state. A fresh cluster starts from empty ps tasks (in TF1 terms, a new `ps0`).
-# 4. The coordinator sends more steps to the fast worker, so the loop slows down only by worker 1's share;
-#    the synchronous program waits for worker 1 at every update, so it runs at worker 1's pace (notebook 03
-#    measures both).
+# 4. The coordinator sends each step to a free worker, so worker 0 takes most of them and the loop slows
+#    down only by the steps worker 1 still holds. It is the same lesson as the pitfall above, from the other
+#    side: nothing there waits for a particular worker.
 #
 # </details>

@@ -45,6 +45,9 @@ class Check:
     expected: str
     measured: object
 
+    def _ipython_display_(self) -> None:
+        """Shown once, by :func:`expect`: a cell ending in ``lesson.expect(...)`` shows nothing more."""
+
     @property
     def line(self) -> str:
         """The one line a student reads under the cell."""
@@ -55,6 +58,13 @@ class Check:
             f"{FAILED} did not hold in this run: {self.claim} (measured {shown}; {self.expected}). "
             "What you see above differs from what the lesson says: if the machine was busy, run the cell again."
         )
+
+
+class Summary(str):
+    """The text of :func:`summary`, which it has printed: a cell ending in it shows nothing more."""
+
+    def _ipython_display_(self) -> None:
+        pass
 
 
 _checks: list[Check] = []
@@ -173,7 +183,7 @@ def summary() -> str:
             "Their cells say what was measured instead."
         )
     print(text, flush=True)
-    return text
+    return Summary(text)
 
 
 def say(markdown: str):
