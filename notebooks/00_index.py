@@ -18,14 +18,21 @@
 #
 # Seven notebooks, each a lesson of 15 to 30 minutes. Each starts a real cluster on this machine
 # (TensorFlow servers in their own processes, talking gRPC), opens with what you will learn, asks you
-# to **predict** before the cells that show an effect, and ends with exercises and their solutions.
-# The five articles this course grew from (the "seeds") are cited where they are checked.
+# to **predict** before the cells that show an effect, and ends with exercises (01, 04 and 05 with their
+# solutions, collapsed). The five articles this course grew from (the "source articles") are cited where
+# they are checked.
+#
+# **Every lesson checks what it says.** Where the text makes a statement about what a cell shows ("a x4
+# straggler makes sync about 4 times slower"), the cell checks it on the run you just made and prints one
+# line: `✓` with what was measured, or `✗ did not hold in this run` with what was measured instead (a busy
+# machine can do that; run the cell again). The last cell counts them. The committed outputs come from runs
+# in which every check held.
 #
 # | notebook | you will learn | minutes | needs |
 # | --- | --- | --- | --- |
 # | [01 · Cluster basics](01_cluster_basics.ipynb) | jobs, tasks, servers and the client; variables on the ps, ops on the workers; proving that workers cooperated; TF1 sessions | 15 | start here |
 # | [02 · Sync vs async](02_sync_vs_async.ipynb) | what each mode does to the workers' time, updates per second, loss per update, staleness | 20 | 01 |
-# | [03 · Stragglers and failures](03_stragglers_and_failures.ipynb) | one slow worker paces sync; backup workers; what a dead worker or ps does to each mode | 25 | 02 |
+# | [03 · Stragglers and failures](03_stragglers_and_failures.ipynb) | one slow worker paces sync; backup workers; what a dead worker does to each mode | 25 | 02 |
 # | [04 · Between-graph](04_between_graph.ipynb) | the seeds' TF1 programs in every task; TF2's `ParameterServerStrategy` and all-reduce | 20 | 01 |
 # | [05 · Beyond one machine](05_beyond_one_machine.ipynb) | the same cluster over SSH and Spark; attaching to a cluster someone else started | 20 | 01; SSH hosts or Spark for parts |
 # | [06 · The classic experiments](06_classic_experiments.ipynb) | six textbook claims, measured and checked against what was published | 30 | 02, 03 |

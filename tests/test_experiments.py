@@ -86,6 +86,39 @@ def test_the_magic_lists_refuses_unknown_names_in_one_line_and_bad_seeds():
 
 
 @pytest.mark.unit
+def test_ssp_states_the_bound_its_rule_guarantees():
+    """The worst staleness SSP's start rule allows, found by playing the rule out on paper: every
+    order in which N workers may start and finish steps (a worker starts step t only while t minus
+    the slowest's finished steps is at most s), checked against (2s + 1)(N - 1)."""
+    from tfmagic.experiments import ssp
+
+    def worst(s: int, n: int, rounds: int = 7) -> int:
+        # depth-first over every interleaving: state = (finished steps per worker, each worker's
+        # read point (updates applied when its current step started) or None when idle, updates)
+        best = 0
+        seen = set()
+        stack = [((0,) * n, (None,) * n, 0)]
+        while stack:
+            done, reads, updates = stack.pop()
+            if (done, reads, updates) in seen or min(done) >= rounds:
+                continue
+            seen.add((done, reads, updates))
+            for i in range(n):
+                if reads[i] is None and done[i] - min(done) <= s:  # start step done[i] + 1
+                    stack.append((done, reads[:i] + (updates,) + reads[i + 1 :], updates))
+                elif reads[i] is not None:  # finish: its update lands now
+                    best = max(best, updates - reads[i])
+                    d = done[:i] + (done[i] + 1,) + done[i + 1 :]
+                    stack.append((d, reads[:i] + (None,) + reads[i + 1 :], updates + 1))
+        return best
+
+    for s, n in ((0, 2), (1, 2), (1, 3), (2, 3)):
+        assert worst(s, n) == ssp.bound(s, n), (s, n, worst(s, n))
+    assert ssp.bound(1, 3) == 6 > (1 + 1) * 3 - 1, "the old formula understated it"
+    assert ssp.bound(ssp.BOUND, ssp.WORKERS) == 21
+
+
+@pytest.mark.unit
 def test_elastic_judges_each_size_from_its_own_window():
     """Synthetic records: 2.5 steps/s per worker, except (when slowed) the 3-worker windows."""
     import random

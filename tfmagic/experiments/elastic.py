@@ -22,7 +22,7 @@ CLAIM = Claim(
     "Asynchronous training is elastic: workers can join and leave a running job, and its throughput "
     "follows the number of workers, N of them making about N times the updates per second of one "
     "(within 15 %), growing and shrinking",
-    "seed article 001 (data parallelism, async SGD); Dean et al., Large Scale Distributed Deep Networks, "
+    "source article 001 (data parallelism, async SGD); Dean et al., Large Scale Distributed Deep Networks, "
     "NIPS 2012; elastic membership: context.update_server_def, as remote_cluster_test.py in TensorFlow tests it",
 )
 

@@ -13,7 +13,7 @@ from .base import Check, Claim, Finding, Lab, figure
 CLAIM = Claim(
     "Asynchronous data-parallel training scales: with a parameter server that keeps up, N workers "
     "make about N times the updates per second of one",
-    "seed article 001 (data parallelism, async SGD); Dean et al., Large Scale Distributed Deep Networks, NIPS 2012",
+    "source article 001 (data parallelism, async SGD); Dean et al., Large Scale Distributed Deep Networks, NIPS 2012",
 )
 
 SIZES = (1, 2, 3, 4, 8)

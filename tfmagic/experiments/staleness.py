@@ -14,7 +14,7 @@ from .base import Check, Claim, Finding, Lab, figure
 CLAIM = Claim(
     "In asynchronous SGD a gradient is applied to parameters that have moved on: with N workers at "
     "the same speed its staleness is about N - 1 updates, growing with the number of workers",
-    "seed article 001 (stale gradients in async SGD); Dean et al., Large Scale Distributed Deep Networks "
+    "source article 001 (stale gradients in async SGD); Dean et al., Large Scale Distributed Deep Networks "
     "(Downpour SGD), NIPS 2012",
 )
 

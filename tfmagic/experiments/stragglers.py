@@ -13,7 +13,7 @@ from .base import Check, Claim, Finding, Lab, figure, worker_rates
 CLAIM = Claim(
     "Synchronous training is paced by its slowest worker: a straggler slows every update; "
     "asynchronous workers do not wait for each other, so a straggler slows only itself",
-    "seed article 001 (sync SGD vs async SGD), /work/shared/seeds/001_7149032ebb645d24.txt",
+    "source article 001 (sync SGD vs async SGD)",
 )
 
 K = 4
