@@ -38,8 +38,6 @@ class TaskOutcome:
 
     task: str
     status: str = "running"  # running | ok | error | died | interrupted | stopped
-    stdout: str = ""
-    stderr: str = ""
     result: object = None
     result_repr: str | None = None
     ename: str | None = None
@@ -48,9 +46,32 @@ class TaskOutcome:
     started: float = field(default_factory=time.time)
     ended: float | None = None
 
+    #: the streams' pieces as they came: joined when read, so a long output costs linear time
+    _streams: dict = field(default_factory=lambda: {"stdout": [], "stderr": []}, repr=False)
+
     @property
     def done(self) -> bool:
         return self.status != "running"
+
+    def add(self, name: str, text: str) -> None:
+        """Append ``text`` to the stream ``name`` (``stdout`` or ``stderr``)."""
+        self._streams["stderr" if name == "stderr" else "stdout"].append(text)
+
+    def _joined(self, name: str) -> str:
+        parts = self._streams[name]
+        if len(parts) > 1:
+            parts[:] = ["".join(parts)]
+        return parts[0] if parts else ""
+
+    @property
+    def stdout(self) -> str:
+        """Everything the task's cell printed to stdout so far."""
+        return self._joined("stdout")
+
+    @property
+    def stderr(self) -> str:
+        """Everything the task's cell printed to stderr so far."""
+        return self._joined("stderr")
 
 
 def parse_targets(cluster, targets: str | None) -> list[TaskName]:
@@ -175,10 +196,7 @@ class PxRun:
                     self._ready.add(task)
                 self._release_if_ready()
             elif kind == "stream":
-                if msg.get("name") == "stderr":
-                    outcome.stderr += msg["text"]
-                else:
-                    outcome.stdout += msg["text"]
+                outcome.add(msg.get("name") or "stdout", msg["text"])
                 self.events.put((task, "stream", (msg.get("name"), msg["text"])))
             elif kind == "report":
                 self._on_report(task, msg)
