@@ -26,7 +26,7 @@
 # 3. **failures**: async goes on without a dead worker and takes it back after a restart; sync without backups
 #    cannot make a step, and says so at once instead of hanging.
 #
-# The cluster is **paced** (`--pace 150ms`): each worker is a modelled machine of 150 ms per step, and
+# The cluster is **paced** (`--pace 200ms`): each worker is a modelled machine of 200 ms per step, and
 # `%tf_cluster slow worker:2 --factor 4` makes that machine four times slower. (Without a pace, `slow` pauses and
 # resumes the task's process, and on a two-core laptop the other processes get the CPU it gives up:
 # `bench/stragglers.py` shows both side by side, and only the paced figures follow the textbook.)
@@ -43,7 +43,7 @@
 
 # %%
 # %load_ext tfmagic
-# %tf_cluster start --ps 1 --workers 3 --pace 150ms
+# %tf_cluster start --ps 1 --workers 3 --pace 200ms
 
 # %%
 import time
@@ -52,7 +52,7 @@ import tensorflow as tf
 from IPython.display import Image
 
 import tfmagic
-from tfmagic import plots
+from tfmagic import lesson, plots
 from tfmagic.training import TrainingError
 
 cluster = tfmagic.current_cluster()
@@ -74,6 +74,10 @@ def notes(*histories):
     for h in histories:
         for note in h.notes:
             print(f"{h.run}: {note}")
+    missed = [h.run for h in histories if any("could not keep" in n for n in h.notes)]
+    lesson.expect(
+        not missed, claim="the machine kept the modelled pace in these runs, so they show the model"
+    )
 
 
 base_sync = tfmagic.train(cluster, mode="sync", steps=40, **opts)
@@ -96,27 +100,41 @@ notes(base_sync, base_async)
 # %%
 slow_sync = tfmagic.train(cluster, mode="sync", steps=40, **opts)
 slow_async = tfmagic.train(cluster, mode="async", steps=180, **opts)
+sync_ratio = step_time(slow_sync) / step_time(base_sync)
+async_ratio = slow_async.updates_per_s() / base_async.updates_per_s()
+print(f"sync step time with worker:2 four times slower: {sync_ratio:.2f}x the unslowed step time")
 print(
-    f"sync step time with worker:2 four times slower: {step_time(slow_sync) / step_time(base_sync):.2f}x "
-    "the unslowed step time"
-)
-print(
-    f"async throughput with worker:2 four times slower: "
-    f"{slow_async.updates_per_s() / base_async.updates_per_s():.2f}x the unslowed throughput "
+    f"async throughput with worker:2 four times slower: {async_ratio:.2f}x the unslowed throughput "
     f"(two at full pace, one at a quarter: (2 + 1/4) / 3 = {(2 + 1 / 4) / 3:.2f})"
 )
 before, after = per_worker(base_async), per_worker(slow_async)
 for task in sorted(after):
     print(f"  async {task}: {after[task]:.1f} steps/s, {after[task] / before[task]:.2f}x its unslowed pace")
 notes(slow_sync, slow_async)
+lesson.expect(
+    sync_ratio, between=(3.4, 4.6), claim="a x4 straggler makes every sync update about 4 times longer"
+)
+lesson.expect(async_ratio, between=(0.65, 0.85), claim="async keeps about (2 + 1/4) / 3 of its throughput")
+lesson.expect(
+    min(after[t] / before[t] for t in ("worker:0", "worker:1")),
+    at_least=0.85,
+    claim="in async the two other workers keep their pace",
+)
 
 # %% [markdown]
 # The picture of it: over the last ten sync updates worker:2 computes all the time while the two others finish in
 # a quarter of it and wait at the barrier (yellow).
 
 # %%
-for task, row in sorted(plots.gantt_shares(slow_sync).items()):
+shares = plots.gantt_shares(slow_sync)
+for task, row in sorted(shares.items()):
     print(f"sync, worker:2 slowed: {task} busy {row['busy']:.0%}, waiting at the barrier {row['wait']:.0%}")
+lesson.expect(shares["worker:2"]["busy"], at_least=0.9, claim="worker:2 computes all the time")
+lesson.expect(
+    min(shares[t]["wait"] for t in ("worker:0", "worker:1")),
+    between=(0.6, 0.85),
+    claim="the two others wait about three quarters of the time",
+)
 Image(plots.png_bytes(plots.gantt_figure(slow_sync, steps=10)))
 
 # %% [markdown]
@@ -139,9 +157,20 @@ print(
     "the step time of the same setting without a straggler"
 )
 print(f"(and {step_time(backup_slow) / step_time(base_sync):.2f}x the step time of sync without backups)")
-print("gradients dropped as stale, per worker:", backup_slow.dropped())
+dropped = backup_slow.dropped()
+print("gradients dropped as stale, per worker:", dropped)
 print(
     f"held-out accuracy: {backup_slow.final_accuracy:.3f} (no straggler, no backup: {base_sync.final_accuracy:.3f})"
+)
+lesson.expect(
+    step_time(backup_slow) / step_time(backup_fast),
+    at_most=1.15,
+    claim="with one backup worker the straggler costs sync (almost) nothing",
+)
+lesson.expect(
+    dropped.get("worker:2", 0) / max(1, sum(dropped.values())),
+    at_least=0.75,
+    claim="the dropped gradients are (nearly all) the straggler's",
 )
 Image(plots.png_bytes(plots.gantt_figure(backup_slow, steps=10)))
 
@@ -151,10 +180,11 @@ Image(plots.png_bytes(plots.gantt_figure(backup_slow, steps=10)))
 #
 # ## A worker dies during async training
 #
-# The events are scripted (`events=`, or `%tf_train --events`): worker:2 is killed at update 150 and restarted
-# at update 300, whenever you run the cell, so nothing races your reading. A restart starts a new process that
-# imports TensorFlow's server core, which takes seconds, so the run has enough updates to see worker:2 back at
-# work.
+# The events are scripted (`events=`, or `%tf_train --events`): worker:2 is killed when the run reaches update 150
+# and restarted when it reaches update 300, whenever you run the cell, so nothing races your reading. A restart
+# starts a new process that imports TensorFlow's server core, which takes seconds while the two others go on, so
+# the log below shows the restart done some updates after 300, and the run has enough updates to see worker:2
+# back at work.
 
 # %%
 run = tfmagic.train(
@@ -164,10 +194,24 @@ h = run.wait()
 rejoined = [e.time for e in h.events if e.kind == "rejoin"]
 after = sum(1 for r in h.records if r.task == "worker:2" and rejoined and r.start >= rejoined[-1])
 print(h.summary())
+warm = sum(1 for r in h.records if r.warmup)
+print(
+    f"(the table counts timed steps: it leaves out {warm} warm-up steps, each worker's first step after it "
+    "starts or rejoins, which traces the step function)"
+)
 print(f"worker:2 made {after} steps after it rejoined")
 for e in h.events:
     if e.task == "worker:2" and e.kind in ("kill", "lost", "restart", "rejoin"):
         print(f"  update {e.step}: {e.kind} {e.detail}")
+kinds = [e.kind for e in h.events if e.task == "worker:2"]
+lesson.expect(
+    all(k in kinds for k in ("kill", "restart", "rejoin")),
+    claim="worker:2 was killed, restarted and rejoined",
+)
+lesson.expect(
+    h.steps, at_least=880, claim="async went on without the dead worker, to (nearly) every update asked for"
+)
+lesson.expect(after, at_least=20, claim="worker:2 was back at work after it rejoined")
 
 # %% [markdown]
 # ## A worker dies during sync training
@@ -183,6 +227,9 @@ try:
     run.wait()
 except TrainingError as e:
     print(f"{time.time() - kills[0]:.2f} s after the kill: {e}")
+    lesson.expect(time.time() - kills[0], at_most=3, claim="sync says at once that it cannot go on")
+else:
+    lesson.expect(False, claim="sync without backups stops when a worker dies")
 finally:
     watch.close()
 cluster.restart("worker:2")
@@ -203,6 +250,12 @@ cluster.restart("worker:2")
 run.wait()
 run.dashboard.wait(10)  # the last frame stays, also in the saved notebook
 print(run.history.summary())
+steps_by = {t: row["steps"] for t, row in run.history.throughput().items() if t != "total"}
+lesson.expect(
+    steps_by["worker:0"] / max(steps_by["worker:1"], steps_by["worker:2"]),
+    at_most=0.85,
+    claim="worker:0, slowed for a third of the run, made fewer steps than the others",
+)
 
 # %% [markdown]
 # ## Exercises
@@ -215,3 +268,6 @@ print(run.history.summary())
 
 # %%
 # %tf_cluster stop
+
+# %%
+lesson.summary()
