@@ -52,10 +52,11 @@
 # (comma-separated hosts your `ssh` reaches without a password) before starting the kernel.
 
 # %%
+# %load_ext tfmagic
 import os, sys, time
 import tensorflow as tf  # the %%tf_device cells below use it, whichever backends run here
 import tfmagic
-# %load_ext tfmagic
+from tfmagic import lesson
 
 SSH_HOSTS = os.environ.get("TFMAGIC_DEMO_SSH_HOSTS", "")
 SSH_CONFIG = os.environ.get("TFMAGIC_DEMO_SSH_CONFIG", "")
@@ -174,6 +175,7 @@ for name, r in results.items():
 if len(results) > 1:
     same = all(abs(r["loss"] - base["loss"]) < 1e-4 for r in results.values())
     print(f"same final loss on every backend ({', '.join(results)}):", same)
+    lesson.expect(same, claim=f"the final loss is the same on every backend that ran ({', '.join(results)})")
 else:
     print("only the local backend ran here (no SSH hosts given, no pyspark): nothing to compare it with;"
           " on Binder that is expected, on your machines set TFMAGIC_DEMO_SSH_HOSTS")
@@ -208,7 +210,9 @@ print("computed on", tf.reduce_sum(tf.ones(4)).device)
 # %%
 # %tf_cluster stop
 print("the attached tasks still run:", all(p.alive for p in other.procs.values()))
+lesson.expect(all(p.alive for p in other.procs.values()), claim="stop only detached: the attached tasks still run")
 other.stop()
+lesson.summary()
 
 # %% [markdown]
 # ## Exercises

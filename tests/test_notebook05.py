@@ -28,6 +28,7 @@ def test_05_beyond_one_machine():
     env = dict(
         os.environ,
         TFMAGIC_SPARES="0",
+        TFMAGIC_LESSON_STRICT="1",  # a contradicted lesson fails
         TFMAGIC_DEMO_SSH_HOSTS=",".join(hosts.aliases),
         TFMAGIC_DEMO_SSH_CONFIG=str(hosts.config),
         TFMAGIC_DEMO_PYTHON=sys.executable,
@@ -66,7 +67,11 @@ def test_05_as_binder_runs_it(tmp_path):
     nb = nbformat.read(ROOT / "notebooks" / name, as_version=4)
     before = set(task_processes())
     env = {k: v for k, v in os.environ.items() if not k.startswith("TFMAGIC_DEMO_")}
-    env.update(TFMAGIC_SPARES="0", PYTHONPATH=os.pathsep.join([str(hide.parent), env.get("PYTHONPATH", "")]))
+    env.update(
+        TFMAGIC_SPARES="0",
+        TFMAGIC_LESSON_STRICT="1",
+        PYTHONPATH=os.pathsep.join([str(hide.parent), env.get("PYTHONPATH", "")]),
+    )
     env.pop("PYTEST_CURRENT_TEST", None)
     client = NotebookClient(
         nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(ROOT / "notebooks")}}
