@@ -37,7 +37,7 @@
 # %%
 # %load_ext tfmagic
 import tfmagic
-from tfmagic import session
+from tfmagic import lesson, session
 
 # %% [markdown]
 # ## 1 · The placement map
@@ -50,6 +50,10 @@ from tfmagic import session
 # %tf_cluster start --ps 2 --workers 2
 # %tf_train --mode async --steps 200 --model digits --wait
 # %tf_cluster map
+
+# %%
+shares = tfmagic.current_cluster().placement().shares()
+lesson.expect(max(shares.values()), at_least=0.9, claim="one ps holds nearly all the bytes")
 
 # %% [markdown]
 # Round-robin by order is not round-robin by size: one ps holds nearly all the bytes, and the map
@@ -72,10 +76,17 @@ to_ps = sum(r["bytes"] for r in t if r["src"].startswith("worker") and r["dst"].
 steps = len(history.records)
 print(f"\nworkers -> ps: {to_ps / 1e6:.2f} MB over {steps} steps = {to_ps / steps / 1e3:.1f} kB per step")
 print("the model's gradient: 2,410 floats = 9.6 kB per step (the rest: gRPC framing, the step's calls)")
+overhead = to_ps / steps / 9640
+lesson.expect(
+    overhead,
+    between=(1.0, 2.0),
+    claim="the workers sent the gradients plus gRPC's framing, less than twice them",
+)
+lesson.say(f"Here the measured bytes were **{(overhead - 1) * 100:.0f} %** more than the gradients.")
 
 # %% [markdown]
 # gRPC adds framing and each call carries its own small messages, so with a model this small the
-# measured bytes are some 40 % more than the gradient; with a model of 300k parameters (1.2 MB)
+# measured bytes are tens of percent more than the gradient (above); with a model of 300k parameters (1.2 MB)
 # the framing is lost in the tensor, and the tests check the measured bytes against the model's
 # within 30 %.
 #
@@ -106,6 +117,7 @@ def cooperation(run):
 run = tfmagic.train(cluster, mode="async", model="digits", steps=100_000, block=False)
 time.sleep(4)
 before = cooperation(run)
+killed_at = time.time()
 # %tf_cluster kill worker:1
 time.sleep(4)
 after = cooperation(run)
@@ -116,6 +128,13 @@ for w in before:
         f"{w:9s} {s0:6d} -> {s1:6d} {a0 / 1e6:8.2f} -> {a1 / 1e6:6.2f} MB {b0 / 1e6:9.2f} -> {b1 / 1e6:6.2f} MB"
     )
 print("the run is", "still training" if run.running else "stopped", f"({run.history.steps} updates)")
+late = [r for r in run.history.records if str(r.task) == "worker:1" and r.start > killed_at]
+lesson.expect(not late, claim="the dead worker started no step after the kill: its numbers froze")
+lesson.expect(
+    after["worker:0"][0] - before["worker:0"][0], at_least=10, claim="the other worker's steps kept growing"
+)
+lesson.expect(after["worker:0"][1] > before["worker:0"][1], claim="and so did the bytes it sent to the ps")
+lesson.expect(run.running, claim="the asynchronous run went on without the dead worker")
 run.stop()
 # %tf_cluster restart worker:1
 
@@ -139,6 +158,7 @@ import tfmagic.experiments as experiments
 # %tf_cluster stop
 bottleneck = experiments.run("ps-bottleneck", seed=0)
 print(bottleneck)
+lesson.expect(bottleneck.holds, claim="a second ps shard halves an update's time on a saturated card")
 
 # %% [markdown]
 # 4 MB at 6.25 MB/s is 0.64 s per update with one ps; two shards carry 2 MB each, in parallel.
@@ -167,10 +187,17 @@ time.sleep(3)
 # %tf_cluster why
 
 # %%
+lesson.expect(
+    tfmagic.current_cluster().condition("worker:1").startswith("stopped"),
+    claim="the doctor's cause: worker:1 is stopped",
+)
+
+# %%
 os.kill(stuck.task_pid, signal.SIGCONT)
 run.stop()
 print(run)
 # %tf_cluster stop
+lesson.summary()
 
 # %% [markdown]
 # The doctor reads what tfmagic knows: which calls wait on which task (the engine, cells and starts

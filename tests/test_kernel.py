@@ -233,7 +233,12 @@ def test_kill_minus_9_of_the_kernel_leaves_nothing(tmp_path):
 
 
 def test_tf_train_in_the_background_and_failure_injection_magics(kernel):
-    kernel.ok("%tf_cluster start --ps 1 --workers 2 --replace", timeout=180)
+    said = kernel.value(
+        "len(__import__('tfmagic.magics.render', fromlist=['_']).security_once.__globals__['_security_said'])"
+    )
+    again = kernel.ok("%tf_cluster start --ps 1 --workers 2 --replace", timeout=180)
+    # the security paragraph is said once per kernel, not under every start of a lesson
+    assert "Cluster c" in again.stdout and ("Security:" in again.stdout) == (said == 0), (said, again.stdout)
     reply = kernel.ok("run = %tf_train --mode compare --model digits --steps 150\nprint(type(run).__name__)")
     assert "Comparison" in reply.stdout
     # the kernel is free while it trains

@@ -195,7 +195,9 @@ class ClusterMagics(Magics):
         if handle is not None:
             handle.update(view)
         print(render.started(cluster, outcome))
-        print(render.security(cluster))
+        said = render.security_once(cluster)
+        if said:
+            print(said)
         for task, proc in cluster.procs.items():
             if getattr(proc, "guard_failed", None):
                 print(

@@ -109,3 +109,19 @@ def security(cluster: Cluster) -> str:
         f"Security: {cluster.launcher.security_note()}; once connected, this kernel also "
         "serves TensorFlow on every interface. See the README's Security section."
     )
+
+
+_security_said: set[str] = set()
+
+
+def security_once(cluster: Cluster) -> str | None:
+    """:func:`security`, the first time this kernel starts a cluster whose note it is; None after.
+
+    A lesson starts several clusters: the same paragraph under each start is
+    read once and then skipped, including the time it says something new.
+    """
+    line = security(cluster)
+    if line in _security_said:
+        return None
+    _security_said.add(line)
+    return line
