@@ -56,7 +56,7 @@ import inspect
 from IPython.display import Image
 
 import tfmagic
-from tfmagic import plots
+from tfmagic import lesson, plots
 from tfmagic.training.asynchronous import AsyncLoop
 from tfmagic.training.sync import SyncLoop
 
@@ -67,6 +67,8 @@ print(comp.table())
 for h in comp.histories:  # a machine too busy to keep the pace says so here
     for note in h.notes:
         print(f"{h.run}: {note}")
+missed = [h.run for h in comp.histories if any("could not keep" in n for n in h.notes)]
+lesson.expect(not missed, claim="the machine kept the 150 ms pace, so these runs show the model")
 
 # %% [markdown]
 # ## The sync loop
@@ -91,6 +93,11 @@ Image(plots.png_bytes(plots.gantt_figure(sync, steps=10)))
 # %%
 for task, row in sorted(plots.gantt_shares(sync).items()):
     print(f"sync  {task}: busy {row['busy']:.0%}, waiting at the barrier {row['wait']:.0%}")
+lesson.expect(
+    max(row["wait"] for row in plots.gantt_shares(sync).values()),
+    at_most=0.1,
+    claim="with identical machines hardly anyone waits at the barrier",
+)
 
 # %% [markdown]
 # ### Real machines are not identical
@@ -109,6 +116,16 @@ print(
 )
 for task, row in sorted(plots.gantt_shares(jittery).items()):
     print(f"jittery sync {task}: busy {row['busy']:.0%}, waiting at the barrier {row['wait']:.0%}")
+lesson.expect(
+    jittery.median_step_time() / sync.median_step_time(),
+    at_least=1.1,
+    claim="with jitter a sync update lasts longer than 150 ms: it waits for the slowest of three draws",
+)
+lesson.expect(
+    max(row["wait"] for row in plots.gantt_shares(jittery).values()),
+    at_least=0.05,
+    claim="and whoever drew a short step waits at the barrier",
+)
 Image(
     plots.png_bytes(
         plots.gantt_figure(jittery, steps=10, title="sync with jitter: each worker's last 10 steps")
@@ -174,6 +191,25 @@ print(
     f"async {held_out_at(async_, 'seconds', secs):.3f}"
 )
 print(f"accuracy at the end: sync {sync.final_accuracy:.3f}, async {async_.final_accuracy:.3f}")
+lesson.expect(ups[1] / ups[0], between=(2.4, 3.6), claim="async makes about three updates for each of sync's")
+lesson.expect(
+    sync.examples_seen() == 3 * async_.examples_seen(), claim="sync reads three batches per update, async one"
+)
+per_update = held_out_at(async_, "updates", last) / held_out_at(sync, "updates", last)
+lesson.expect(per_update, between=(0.75, 1.33), claim="per update the two curves are close")
+lesson.expect(
+    held_out_at(async_, "examples", seen) / held_out_at(sync, "examples", seen),
+    at_most=0.8,
+    claim="per example async is far ahead",
+)
+lesson.expect(
+    held_out_at(async_, "seconds", secs) / held_out_at(sync, "seconds", secs),
+    at_most=0.8,
+    claim="per second async is ahead too",
+)
+lesson.expect(
+    min(sync.final_accuracy, async_.final_accuracy), at_least=0.9, claim="both end above 90 % accuracy"
+)
 
 # %% [markdown]
 # Read the three panels against your predictions:
@@ -189,7 +225,9 @@ print(f"accuracy at the end: sync {sync.final_accuracy:.3f}, async {async_.final
 #
 # For every async step tfmagic records how many updates *other* workers applied between this worker reading the
 # parameters and applying its gradient. With three workers at the same pace, each gradient meets about one update
-# from each of the two others: a mean near **workers - 1 = 2**.
+# from each of the two others: a mean near **workers - 1 = 2**. On this paced cluster the three modelled
+# machines are identical, so they step in lock-step and most gradients meet *exactly* one update of each other
+# worker: the histogram is nearly a spike at 2. Give the pace jitter (as above) and it spreads.
 
 # %%
 stale = async_.staleness()
@@ -199,6 +237,14 @@ for task, mean in sorted(stale.items()):
     print(
         f"{task}: mean staleness {mean:.2f}, {fresh:.0%} of its gradients were fresh, max {max(r.staleness for r in recs)}"
     )
+recs = [r for r in async_.records if not r.warmup]
+for task, mean in sorted(stale.items()):
+    lesson.expect(mean, between=(1.6, 2.4), claim=f"{task}'s mean staleness is near workers - 1 = 2")
+lesson.expect(
+    sum(1 for r in recs if r.staleness == 2) / len(recs),
+    at_least=0.5,
+    claim="most gradients are exactly 2 updates stale",
+)
 Image(plots.png_bytes(plots.staleness_figure(async_)))
 
 # %% [markdown]
@@ -214,3 +260,6 @@ Image(plots.png_bytes(plots.staleness_figure(async_)))
 
 # %%
 # %tf_cluster stop
+
+# %%
+lesson.summary()
