@@ -16,9 +16,9 @@
 # %% [markdown]
 # # Distributed TensorFlow, from one notebook: the course
 #
-# Seven notebooks, each a lesson of 15 to 30 minutes. Each starts a real cluster on this machine
+# Eight notebooks, each a lesson of 15 to 30 minutes. Each starts a real cluster on this machine
 # (TensorFlow servers in their own processes, talking gRPC), opens with what you will learn, asks you
-# to **predict** before the cells that show an effect, and ends with exercises (01, 04 and 05 with their
+# to **predict** before the cells that show an effect, and ends with exercises (01, 04, 05 and 08 with their
 # solutions, collapsed). The five articles this course grew from (the "source articles") are cited where
 # they are checked.
 #
@@ -37,6 +37,7 @@
 # | [05 · Beyond one machine](05_beyond_one_machine.ipynb) | the same cluster over SSH and Spark; attaching to a cluster someone else started | 20 | 01; SSH hosts or Spark for parts |
 # | [06 · The classic experiments](06_classic_experiments.ipynb) | six textbook claims, measured and checked against what was published | 30 | 02, 03 |
 # | [07 · Inside the cluster](07_inside_the_cluster.ipynb) | where every variable lives, what moves over each link, who waits on whom when it hangs | 20 | 01 |
+# | [08 · What else the source articles ask](08_from_the_seeds.ipynb) | a ps on the CPU and a GPU per worker; model parallelism; resizing a running cluster; TensorFlowOnSpark's `map_fun(args, ctx)` in tfmagic; TensorBoard's weight histograms | 20 | 01, 04 |
 #
 # ```text
 #   this notebook's kernel ── the client: builds the ops, says where each runs, draws the plots

@@ -86,11 +86,17 @@
 import tensorflow as tf
 
 import tfmagic
+from tfmagic import lesson
 
 cluster = tfmagic.current_cluster()
 cluster.connect()
 for d in tf.config.list_logical_devices():
     print(d.name)
+names = [d.name for d in tf.config.list_logical_devices()]
+lesson.expect(
+    any("/job:ps/" in n for n in names) and any("/job:worker/" in n for n in names),
+    claim="the tasks' devices appear beside the kernel's own",
+)
 
 # %% [markdown]
 # ### Variables live on the parameter servers
@@ -107,6 +113,8 @@ w = tf.Variable(0.0, name="w")
 b = tf.Variable(0.0, name="b")
 print("w lives on", w.device)
 print("b lives on", b.device)
+lesson.expect(w.device.startswith("/job:ps/replica:0/task:0"), claim="w is stored on ps:0")
+lesson.expect(b.device.startswith("/job:ps/replica:0/task:1"), claim="b is stored on ps:1")
 
 # %% [markdown]
 # ### Ops run on the worker you name
@@ -119,6 +127,8 @@ print("b lives on", b.device)
 x = tf.constant([1.0, 2.0, 3.0])
 y = w * x + b
 print("y computed on", y.device, "->", y.numpy())
+lesson.expect(y.device.startswith("/job:worker/replica:0/task:1"), claim="the multiplication ran on worker:1")
+lesson.expect(not y.numpy().any(), claim="the result is zeros: nothing has trained yet")
 
 # %% [markdown]
 # The multiplication ran in the worker process, which fetched `w` from `ps:0` and `b` from `ps:1`
@@ -160,6 +170,8 @@ for i in range(200):
     steps_by[task] += 1
 print(f"w = {w.numpy():.3f}, b = {b.numpy():.3f}, loss = {loss.numpy():.6f}")
 print("steps per worker:", steps_by)
+lesson.expect(w.numpy(), near=2, within=0.005, claim="w ends near 2")
+lesson.expect(b.numpy(), near=10, within=0.001, claim="b ends near 10: one model, trained by both workers")
 
 # %% [markdown]
 # One model: both workers updated the **same** `w` and `b`, because the variables live on the ps and
@@ -168,6 +180,16 @@ print("steps per worker:", steps_by)
 
 # %%
 # %tf_cluster logs worker:1 --tail 4
+
+# %%
+import re
+
+printed = {
+    task: {int(m) for m in re.findall(r"^step (\d+) loss", cluster.logs(task, tail=50), re.M)}
+    for task in ("worker:0", "worker:1")
+}
+lesson.expect(printed["worker:1"] == {25, 75, 125, 175}, claim="worker:1's log has steps 25, 75, 125 and 175")
+lesson.expect(printed["worker:0"] == {0, 50, 100, 150}, claim="worker:0's log has steps 0, 50, 100 and 150")
 
 # %% [markdown]
 # The other lines of that log are tfmagic's (`tfmagic: ...`); TensorFlow's own start-up lines are
@@ -185,6 +207,10 @@ print("steps per worker:", steps_by)
 # %%
 # %tf_train --model digits --mode async --steps 300 --wait --no-dashboard
 # %tf_cluster map
+
+# %%
+shares = {str(task): share for task, share in cluster.placement().shares().items()}
+lesson.expect(shares["ps:0"], at_least=0.8, claim="ps:0 holds most of the bytes")
 
 # %% [markdown]
 # Round-robin by order is not round-robin by bytes: `ps:0` got the two big kernels and holds most of the
@@ -214,9 +240,11 @@ with tf.Graph().as_default():
         sess.run(tf.compat.v1.global_variables_initializer())
         for _ in range(500):
             sess.run(train1)
-        print(
-            "TF1 session on", cluster.target("worker:0"), "-> w = %.3f, b = %.3f" % tuple(sess.run([w1, b1]))
-        )
+        w1_value, b1_value = sess.run([w1, b1])
+        print("TF1 session on", cluster.target("worker:0"), "-> w = %.3f, b = %.3f" % (w1_value, b1_value))
+lesson.expect(
+    abs(w1_value - 2) + abs(b1_value - 10), at_most=0.05, claim="the TF1 program fits the same line"
+)
 
 # %% [markdown]
 # ## Stop
@@ -226,6 +254,9 @@ with tf.Graph().as_default():
 
 # %%
 # %tf_cluster stop
+
+# %%
+lesson.summary()
 
 # %% [markdown]
 # ## Exercises

@@ -191,6 +191,35 @@ def staleness_figure(histories: History | Sequence[History]):
     return fig
 
 
+def histogram_figure(series, title: str = "weights", most: int = 6):
+    """A weight tensor's histograms over training, as TensorBoard's Histograms tab draws them.
+
+    ``series`` is ``[(update, rows), ...]`` with TensorBoard's histogram rows
+    (left edge, right edge, count), as ``tf.summary.histogram`` wrote them;
+    at most ``most`` of them are drawn, evenly chosen, the latest darkest.
+    """
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
+
+    series = list(series)
+    if len(series) > most:
+        pick = [round(i * (len(series) - 1) / (most - 1)) for i in range(most)]
+        series = [series[i] for i in dict.fromkeys(pick)]
+    fig = Figure(figsize=(6, 3.2), dpi=100)
+    ax = fig.subplots()
+    shades = colormaps["Blues"]
+    for i, (step, rows) in enumerate(series):
+        centres = [(left + right) / 2 for left, right, _ in rows]
+        counts = [count for _, _, count in rows]
+        ax.plot(centres, counts, color=shades(0.35 + 0.65 * (i + 1) / len(series)), label=f"update {step}")
+    ax.set_xlabel("weight value")
+    ax.set_ylabel("weights per bin (count)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
 def png_bytes(fig) -> bytes:
     """The figure as PNG bytes (for ``IPython.display.Image`` or a widget)."""
     import io
