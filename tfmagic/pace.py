@@ -62,6 +62,10 @@ class Pace:
     logarithm: 0.1 gives about +-10 %); ``hiccup`` the chance that a step
     takes ``hiccup_factor`` times as long (a GC pause, a busy neighbour).
     Draws come from a generator seeded per task, so a run repeats.
+    ``stalls`` are stalls on purpose, the same in every run: ``(task, step,
+    factor)`` makes that task's local step ``step`` of each run ``factor``
+    times as long (a long pause that an experiment needs in every mode it
+    compares, where a random hiccup would fall in one run and not another).
     """
 
     base: float
@@ -70,6 +74,7 @@ class Pace:
     hiccup_factor: float = 5.0
     seed: int = 0
     slowdown: dict[str, float] = field(default_factory=dict)
+    stalls: tuple[tuple[str, int, float], ...] = ()
     _rngs: dict[str, random.Random] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -80,6 +85,8 @@ class Pace:
         p = cls(parse_seconds(pace), **kwargs)
         if not (0 <= p.jitter < 2 and 0 <= p.hiccup <= 1 and p.hiccup_factor >= 1):
             raise BadPace("jitter is 0 to 2 (log spread), hiccup a chance 0 to 1, hiccup_factor at least 1")
+        if any(factor < 1 or step < 0 for _task, step, factor in p.stalls):
+            raise BadPace("a stall is (task, step >= 0, factor >= 1)")
         return p
 
     def set_slowdown(self, task: str, factor: float) -> None:
@@ -101,6 +108,9 @@ class Pace:
                 d *= math.exp(rng.gauss(-(self.jitter**2) / 2, self.jitter))  # mean 1
             if self.hiccup and rng.random() < self.hiccup:
                 d *= self.hiccup_factor
+            for stalled, at, factor in self.stalls:
+                if stalled == str(task) and at == step:
+                    d *= factor
             return d
 
     def describe(self) -> str:
@@ -109,5 +119,7 @@ class Pace:
             parts.append(f"jitter {self.jitter:g}")
         if self.hiccup:
             parts.append(f"{self.hiccup:.0%} hiccups x{self.hiccup_factor:g}")
+        for stalled, at, factor in self.stalls:
+            parts.append(f"{stalled}'s step {at} x{factor:g}")
         slow = ", ".join(f"{t} x{f:g}" for t, f in sorted(self.slowdown.items()))
         return "paced: " + ", ".join(parts) + (f"; slowed {slow}" if slow else "")

@@ -276,10 +276,19 @@ class Lab:
     def elapsed(self) -> float:
         return time.monotonic() - self.started
 
-    def pace(self, jitter: float = JITTER, hiccup: float = 0.0, hiccup_factor: float = 5.0, base=PACE):
+    def pace(
+        self, jitter: float = JITTER, hiccup: float = 0.0, hiccup_factor: float = 5.0, base=PACE, stalls=()
+    ):
         from ..pace import Pace
 
-        return Pace.parse(base, jitter=jitter, hiccup=hiccup, hiccup_factor=hiccup_factor, seed=self.seed)
+        return Pace.parse(
+            base,
+            jitter=jitter,
+            hiccup=hiccup,
+            hiccup_factor=hiccup_factor,
+            seed=self.seed,
+            stalls=tuple(stalls),
+        )
 
     @contextlib.contextmanager
     def cluster(self, workers: int, ps: int = 1, **pace) -> Iterator:
