@@ -38,12 +38,22 @@
 # %%
 from IPython.display import display
 
+import tfmagic.experiments as ex
+from tfmagic import lesson
+
 results = {}
 r = None  # each experiment's result, in turn
+
+
+def figures(result):
+    """{a check's label: the value this run measured}"""
+    return {c.label: c.value for c in result.checks}
+
+
 LIMIT = "--memory 1.8"  # GB: this notebook's budget, below the 2 GB every experiment keeps
 
 # %% [markdown]
-# ## 1 · Stragglers (seed article 001)
+# ## 1 · Stragglers (source article 001)
 #
 # Three workers. Sync, then async, with nobody slowed; then `worker:2`'s machine becomes 4 times
 # slower and both run again.
@@ -55,6 +65,14 @@ LIMIT = "--memory 1.8"  # GB: this notebook's budget, below the 2 GB every exper
 # r = %tf_experiment stragglers $LIMIT
 results["stragglers"] = r
 display(r)
+lesson.expect(
+    figures(r)["sync step ratio"],
+    between=(3, 5),
+    claim="with a x4 straggler a sync update takes about 4 times longer",
+)
+lesson.expect(
+    figures(r)["async others keep"], at_least=0.9, claim="in async the two other workers keep their pace"
+)
 
 # %% [markdown]
 # Sync waits for every gradient, so its update lasts as long as the slowest worker's step: about 4
@@ -73,6 +91,16 @@ display(r)
 # r = %tf_experiment backup-workers $LIMIT
 results["backup-workers"] = r
 display(r)
+lesson.expect(
+    figures(r)["backup pace ratio"],
+    at_most=1.1,
+    claim="with a backup, the straggler costs sync (almost) nothing",
+)
+lesson.expect(
+    figures(r)["no-backup pace ratio"],
+    at_least=2.4,
+    claim="without the backup, the straggler paces sync again",
+)
 
 # %% [markdown]
 # The backup absorbs the straggler: its gradient is always the late one, dropped and counted, and the
@@ -90,6 +118,9 @@ display(r)
 # r = %tf_experiment staleness $LIMIT
 results["staleness"] = r
 display(r)
+for label, value in figures(r).items():
+    if label.startswith("mean staleness"):
+        lesson.expect(value, between=(0.7, 1.3), claim=f"staleness is about N - 1 ({label})")
 
 # %% [markdown]
 # With N machines at the same pace, each of the N - 1 others applies about one update while a worker
@@ -109,17 +140,33 @@ display(r)
 # r = %tf_experiment noise $LIMIT
 results["noise"] = r
 display(r)
+ratio = r.measured["async / sync sd"]
+control = r.measured["control: async with 3x batch / sync sd"]
+lesson.expect(ratio, at_least=1.2, claim="async's held-out loss wanders more than sync's")
+lesson.say(
+    f"Here async's loss wandered **{ratio:.1f} times** as much as sync's (standard deviation); the control, "
+    f"async with three times the batch, **{control:.1f} times**: "
+    + (
+        "most of the difference was the batch."
+        if control - 1 < (ratio - 1) / 2
+        else "most of the difference was staleness."
+    )
+)
 
 # %% [markdown]
-# A sync update averages three gradients, so it is three times less noisy; an async update is one
-# gradient, computed on parameters a couple of updates old. Near the optimum, what moves the loss is
-# that noise: async's held-out loss wanders more.
+# Two causes are mixed in that ratio. A sync update averages three gradients, which divides their
+# variance by 3 and so their standard deviation (what is measured) by √3 ≈ 1.7; an async update is one
+# gradient, and it was computed on parameters a couple of updates old (stale). The control separates the
+# two: async with three times the batch averages as many examples per update as sync, so what still
+# differs from sync is only staleness: the sentence above says which of the two made most of the
+# difference in this run. Staleness matters more when the learning rate is larger or the cluster bigger.
 #
 # ## 5 · Stale synchronous parallel (Ho et al. 2013)
 #
-# Four workers whose steps vary a lot (jitter 0.4, like machines with busy neighbours). Sync waits for
-# the slowest of four at every update; async never waits; SSP with bound 3 lets a worker run at most
-# 3 steps ahead of the slowest.
+# Four workers whose steps vary a lot (jitter 0.4, like machines with busy neighbours); one of them stalls
+# once in each run (one step 12 times as long). Sync waits for the slowest of four at every update;
+# async never waits; SSP with bound 3 lets a worker start a step only while it is at most 3 steps ahead
+# of the slowest.
 #
 # **Predict:** order the three by worker steps per second. How close does SSP come to async?
 
@@ -127,13 +174,28 @@ display(r)
 # r = %tf_experiment ssp $LIMIT
 results["ssp"] = r
 display(r)
+worst_ssp = r.measured["ssp staleness mean, max"][1]
+worst_async = r.measured["async staleness mean, max"][1]
+bound = ex.ssp.bound(ex.ssp.BOUND, ex.ssp.WORKERS)
+lesson.expect(r.measured["ssp / async speed"], at_least=0.6, claim="SSP keeps most of async's speed")
+lesson.expect(
+    worst_ssp,
+    at_most=bound,
+    claim=f"no SSP update was staler than its rule allows, (2s + 1)(N - 1) = {bound}",
+)
+lesson.expect(worst_ssp < worst_async, claim="async's worst update was staler than SSP's")
+lesson.say(
+    f"Worst staleness here: SSP **{worst_ssp}** (its bound {bound}), async **{worst_async}** (no bound)."
+)
 
 # %% [markdown]
 # Waiting for the slowest of four costs sync a lot when steps vary; a bound of 3 steps absorbs most of
-# that variation, so SSP keeps most of async's speed, while no update it applies can be staler than its
-# bound allows ((3 + 1) x 4 - 1 = 15 updates). Async promises no bound: with machines this alike its
-# worst case stays low too (compare the histograms), but one long hiccup on one machine would send it up.
-# What the experiment does not measure is the paper's other half, progress per update.
+# that variation, so SSP keeps most of async's speed. Its rule also bounds staleness: a worker at step t
+# started when every other had finished at least t - 3 steps, and none can finish more than t + 4 before
+# its update lands, so at most 7 updates of each of the 3 others come in between: (2s + 1)(N - 1) = 21.
+# Async promises no bound: the stalled step lets the others run on, and that update lands very stale
+# (compare the histograms' right ends). What the experiment does not measure is the paper's other half,
+# progress per update.
 #
 # ## 6 · Scaling
 #
@@ -145,6 +207,8 @@ display(r)
 # r = %tf_experiment scaling $LIMIT
 results["scaling"] = r
 display(r)
+for label, value in figures(r).items():
+    lesson.expect(value, at_least=0.8, claim=f"throughput grows about N times ({label})")
 
 # %% [markdown]
 # ## All six
@@ -162,6 +226,9 @@ print(
 )
 longest = max(r.seconds for r in results.values())
 print(f"longest experiment: {longest:.0f} s (each may take {ex.TIME_LIMIT:.0f} s)")
+for name, r in results.items():
+    lesson.expect(r.holds, claim=f"{name}: the published claim holds in this run")
+lesson.summary()
 
 # %% [markdown]
 # ## Exercises
