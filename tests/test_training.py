@@ -468,3 +468,25 @@ def test_compare_runs_both_from_the_same_start(local_cluster):
     table = comp.table()
     assert "sync" in table and "async" in table and "held-out loss" in table
     assert len(w_sync) == 4
+
+
+def test_a_second_run_or_comparison_on_a_training_cluster_is_refused_in_one_line(c3):
+    """Two runs on the same tasks at once deadlock inside TensorFlow: the second start is refused, in
+    the caller, naming the run that trains; once that one ends, a new run starts."""
+    first = tfmagic.train(c3, mode="async", model="linear", steps=100_000, block=False, name="long")
+    try:
+        while first.history.steps < 5:
+            time.sleep(0.05)
+        for start in (
+            lambda: tfmagic.train(c3, mode="sync", model="linear", steps=10, block=False),
+            lambda: tfmagic.compare(c3, model="linear", steps=10, block=False),
+        ):
+            with pytest.raises(TrainingError) as err:
+                start()
+            msg = str(err.value)
+            assert msg.startswith("the cluster is already training 'long' (") and "run.stop()" in msg, msg
+            assert "\n" not in msg
+        assert first.running, "the refusal left the first run alone"
+    finally:
+        first.stop()
+    assert tfmagic.train(c3, mode="sync", model="linear", steps=5).steps == 5

@@ -23,11 +23,18 @@ Showing: :func:`show` starts (or reuses) a TensorBoard for a logdir and
 returns what displays it in the notebook.  On a Jupyter server with
 jupyter-server-proxy (Binder, JupyterHub, tfmagic's own server extension sets
 ``TENSORBOARD_PROXY_URL`` for its kernels) the page reaches it through the
-server, behind the server's login, at ``<base_url>proxy/<port>/``: no port
-of its own is exposed.  TensorBoard's own ``%tensorboard --logdir`` reads the
-same variable, so it works there too.  TensorBoard listens on 127.0.0.1 only,
-and ends with the kernel (it dies with its parent, and the kernel's exit
-handlers end it too).
+server, at ``<base_url>proxy/<port>/``, so the page needs the server's login.
+TensorBoard's own ``%tensorboard --logdir`` reads the same variable, so it
+works there too.  TensorBoard listens on 127.0.0.1 only, and ends with the
+kernel (it dies with its parent, and the kernel's exit handlers end it too).
+
+What stays open: TensorBoard itself has no login, so any process of any
+user on this machine can read its data at ``127.0.0.1:<port>`` (the
+README's Security section says so).  And since its port is chosen before it
+binds (seconds of import later), another local user could bind it first
+and answer in its place: :func:`show` therefore checks that the socket
+listening on the port belongs to the TensorBoard it started before it
+calls it up, and says so in one line otherwise.
 
 TensorFlow and TensorBoard are imported lazily, when a writer first writes or
 a TensorBoard starts.
@@ -199,6 +206,44 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _listener_pid(port: int) -> int | None:
+    """The pid of the process whose socket listens on 127.0.0.1:``port`` (None: none that we can see).
+
+    Read from ``/proc/net/tcp`` (state 0A, LISTEN) and the processes' descriptors:
+    a socket of another user's process is not readable, and counts as nobody's.
+    """
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(int(fields[9]))
+    if not inodes:
+        return None
+    for pid_dir in Path("/proc").iterdir():
+        if not pid_dir.name.isdigit():
+            continue
+        try:
+            for fd in (pid_dir / "fd").iterdir():
+                link = os.readlink(fd)
+                if link.startswith("socket:[") and int(link[8:-1]) in inodes:
+                    return int(pid_dir.name)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def _tree(pid: int) -> set[int]:
+    """``pid`` and every process below it."""
+    from .proctree import descendants
+
+    return {pid, *descendants(pid)}
+
+
 class TensorBoard:
     """A TensorBoard process for one logdir (owned by this process), and how to display it.
 
@@ -269,9 +314,21 @@ class TensorBoard:
                 return
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/data/environment", timeout=2):
-                    return
+                    pass
             except OSError:
                 time.sleep(0.2)
+                continue
+            owner_pid = _listener_pid(self.port)
+            if owner_pid is not None and owner_pid in _tree(self.proc.pid):
+                return
+            self.kill()
+            who = f"process {owner_pid}" if owner_pid is not None else "a process this user cannot see"
+            self.error = (
+                f"port {self.port} was taken by {who}, not by the TensorBoard tfmagic started, before "
+                "TensorBoard could bind it: not shown (what answers there is not TensorBoard). "
+                "Run tfmagic.tensorboard.show again for a new port, and see who else uses this machine"
+            )
+            return
         self.kill()
         self.error = f"TensorBoard did not answer within {timeout:g} s; its log: {self.log_path}"
 

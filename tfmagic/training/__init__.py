@@ -88,6 +88,10 @@ class Comparison:
         return [r.history for r in self.runs]
 
     def start(self) -> Comparison:
+        from .run import refuse_if_training
+
+        refuse_if_training(self.runs[0].cluster)  # here, in the caller: not later in its thread
+
         def go():
             for run in self.runs:
                 if self._stop.is_set() or not run.cluster.running:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 
 import numpy as np
 
@@ -31,6 +32,34 @@ from .steps import Worker, own_executor, place_worker
 
 #: how long ``stop()`` waits for the run's calls before it leaves them behind
 STOP_WAIT = 1.5
+
+#: the runs started and not yet ended, to refuse a second one on the same tasks (see refuse_if_training)
+_TRAINING: weakref.WeakSet = weakref.WeakSet()
+_TRAINING_LOCK = threading.Lock()
+
+
+def refuse_if_training(cluster, starting=None) -> None:
+    """One run at a time per cluster: raise :class:`TrainingError` if another run trains on it.
+
+    Two runs on the same tasks at once deadlock inside TensorFlow (each
+    worker's calls of both runs wait on each other: py-spy showed every
+    worker thread in ``quick_execute``), so a second start is refused in one
+    line instead of hanging.
+    """
+    with _TRAINING_LOCK:
+        _refuse_locked(cluster, starting)
+
+
+def _refuse_locked(cluster, starting) -> None:
+    for other in list(_TRAINING):
+        thread = other._thread
+        busy = thread is not None and (thread.ident is None or thread.is_alive()) and not other._abandoned
+        if other is not starting and other.cluster is cluster and busy:
+            done = other.history.steps
+            raise TrainingError(
+                f"the cluster is already training {other.name!r} ({done}/{other.config.steps} updates): "
+                "wait for it (run.wait()) or stop it (run.stop()), then start this one"
+            )
 
 
 class TrainingRun:
@@ -143,8 +172,12 @@ class TrainingRun:
         return self
 
     def start(self) -> TrainingRun:
+        refuse_if_training(self.cluster, self)  # before anything starts, in the caller
         self.scheduled.add([])  # follows the history again if events are still to come (a resume)
-        self._thread = threading.Thread(target=self._main, name=f"tfmagic-train-{self.name}", daemon=True)
+        with _TRAINING_LOCK:  # refused and claimed at once: two starts cannot both pass
+            _refuse_locked(self.cluster, self)
+            self._thread = threading.Thread(target=self._main, name=f"tfmagic-train-{self.name}", daemon=True)
+            _TRAINING.add(self)
         self._thread.start()
         events.started.publish(self)
         return self
