@@ -22,7 +22,7 @@
 # 2. to start a cluster from a notebook and read its map (`spec`) and its processes (`status`);
 # 3. to put variables on parameter servers and computation on workers, and to check where each one lives;
 # 4. to prove that two workers really trained **one** model together, from the cluster itself;
-# 5. that the seeds' TF1 `Session` programs run here unchanged.
+# 5. that the source articles' TF1 `Session` programs run here unchanged.
 #
 # ## The picture
 #
@@ -134,7 +134,7 @@ lesson.expect(not y.numpy().any(), claim="the result is zeros: nothing has train
 # The multiplication ran in the worker process, which fetched `w` from `ps:0` and `b` from `ps:1`
 # over gRPC; the kernel only received the result (zeros: nothing has trained yet).
 #
-# ## Seed 004's check: fit y = 2x + 10 on the cluster
+# ## Article 004's check: fit y = 2x + 10 on the cluster
 #
 # The classic exercise: data from the line y = 2x + 10, a linear model whose `w` and `b` live on the
 # two ps, and gradient steps computed by the workers, taking turns.
@@ -216,15 +216,15 @@ lesson.expect(shares["ps:0"], at_least=0.8, claim="ps:0 holds most of the bytes"
 # Round-robin by order is not round-robin by bytes: `ps:0` got the two big kernels and holds most of the
 # bytes, and the map says so (notebook 07 shows what that costs in traffic). Our own `w` (on `ps:0`) and
 # `b` (on `ps:1`) are on the map too. The *steps run* line is the proof that both workers took part; each
-# worker's log tells its own share as it went, the way the seeds read `worker0.out`:
+# worker's log tells its own share as it went, the way the source articles read `worker0.out`:
 
 # %%
 # %tf_cluster logs worker:0 --tail 3
 
 # %% [markdown]
-# ## The seeds' TF1 style still works
+# ## The source articles' TF1 style still works
 #
-# Seed 004's client used a TF1 `Session` connected to one task's gRPC target, with ops pinned by
+# Article 004's client used a TF1 `Session` connected to one task's gRPC target, with ops pinned by
 # `tf.device`. The kernel runs in TF2's eager mode, but a `tf.Graph()` block gives the same program:
 
 # %%

@@ -16,7 +16,7 @@
 # %% [markdown]
 # # 02 · Sync vs async training
 #
-# Seed 001 states the trade-off this notebook measures on a real cluster:
+# Article 001 states the trade-off this notebook measures on a real cluster:
 #
 # * **synchronous SGD**: every step, each worker computes a gradient from the *same* parameters; the gradients
 #   are averaged and applied once. Each update waits for the slowest worker.

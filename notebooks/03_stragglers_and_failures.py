@@ -20,7 +20,7 @@
 # textbook claims on a cluster of one ps and three workers:
 #
 # 1. **one straggler paces sync**: a worker k times slower makes every sync update k times longer, while async's
-#    other workers keep their pace (seed 001);
+#    other workers keep their pace (article 001);
 # 2. **backup workers** restore sync's pace: aggregate the first N - 1 of N gradients and drop the late one
 #    (Chen et al. 2016, `SyncReplicasOptimizer(replicas_to_aggregate=N-1)`);
 # 3. **failures**: async goes on without a dead worker and takes it back after a restart; sync without backups

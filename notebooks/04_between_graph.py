@@ -14,23 +14,23 @@
 # ---
 
 # %% [markdown]
-# # 04 · Between-graph replication: the seeds' programs, from one notebook
+# # 04 · Between-graph replication: the source articles' programs, from one notebook
 #
 # **What you will learn** (about 20 minutes)
 #
 # 1. the two ways to replicate a model, *in-graph* and *between-graph*, and which one each program uses;
-# 2. to run the seeds' TF1 programs (seed 000's `distribute.py`, sync and async) in every task from one cell;
+# 2. to run the source articles' TF1 programs (article 000's `distribute.py`, sync and async) in every task from one cell;
 # 3. TensorFlow 2's own parameter-server API, `ParameterServerStrategy` + `ClusterCoordinator`, on the
 #    same cluster, and why it is not `model.fit` here;
 # 4. TF2's all-reduce (`MultiWorkerMirroredStrategy`), which needs no ps at all;
 # 5. to compare what the four of them compute, and why they differ.
 #
-# Seed 003 names the two ways to replicate a model:
+# Article 003 names the two ways to replicate a model:
 #
 # * **in-graph**: one client builds the whole computation and places its pieces on the tasks. That is what
 #   notebooks 01-03 did: this kernel was the client (`%%tf_device`, `tfmagic.train`).
 # * **between-graph**: every task runs *the same program*, with its own `job_name` and `task_index`, and builds
-#   its own graph. That is seed 000's `distribute.py`, typed once per machine, with output read from `ps0.out`,
+#   its own graph. That is article 000's `distribute.py`, typed once per machine, with output read from `ps0.out`,
 #   `worker0.out`, `worker1.out` afterwards.
 #
 # ```text
@@ -48,7 +48,7 @@
 #
 # `%%tf_px` makes between-graph one cell: the cell's code runs inside every task. Each task finds `cluster`
 # (a `tf.train.ClusterSpec`), `job_name`, `task_index`, `server` (its own running server) and `TF_CONFIG`
-# ready, so the seeds' programs run with only their flag parsing and their `tf.train.Server(...)` line removed.
+# ready, so the source articles' programs run with only their flag parsing and their `tf.train.Server(...)` line removed.
 # Output comes back live, each line prefixed with its task.
 
 # %%
@@ -62,13 +62,13 @@ print(
 )
 
 # %% [markdown]
-# ## Seed 000, synchronous: `SyncReplicasOptimizer`
+# ## Article 000, synchronous: `SyncReplicasOptimizer`
 #
-# The program below is seed 000's, in TF1 style (`tf.compat.v1`): `replica_device_setter` puts the variables on
+# The program below is article 000's, in TF1 style (`tf.compat.v1`): `replica_device_setter` puts the variables on
 # the ps and the ops on this worker; `SyncReplicasOptimizer(replicas_to_aggregate, total_num_replicas)` makes
 # the update synchronous (the chief runs the queue runner and the init tokens, through its session hook);
 # `MonitoredTrainingSession(master=server.target, is_chief=...)` runs it. The ps's `server.join()` returns at
-# once here (the ps keeps serving after the cell). The model is seed 004's line y = 2x + 10, each worker on its
+# once here (the ps keeps serving after the cell). The model is article 004's line y = 2x + 10, each worker on its
 # own shard of tfmagic's `Linear` data; `report(step=..., loss=...)` feeds tfmagic's metrics.
 #
 # Two tfmagic defaults keep this fast on one machine (documented in the README): non-chief sessions look for the
@@ -140,7 +140,7 @@ elif job_name == "worker":
 (float(final_w[0][0]), float(final_b[0]))
 
 # %% [markdown]
-# Did the two workers really cooperate (seed 002's question)? Ask each task how many local steps it took:
+# Did the two workers really cooperate (article 002's question)? Ask each task how many local steps it took:
 
 # %%
 # %%tf_px --targets worker:* -o sync_local_steps
@@ -221,7 +221,7 @@ lesson.expect(slowed_total, at_least=290, claim="the 150 updates still each took
 # every worker, a program must count per worker (tfmagic's `mode="sync"` does: one gradient from each, and
 # notebook 03 shows what a straggler costs it then).
 #
-# ## Seed 000, asynchronous
+# ## Article 000, asynchronous
 #
 # The same program with `issync = False`: each worker applies its own gradients. A fresh cluster again, with
 # no slowed worker.
@@ -387,7 +387,7 @@ print(
 # %% [markdown]
 # ### The same training, with this kernel as the client
 #
-# First, tfmagic's own engine on this cluster: `tfmagic.train` does in-graph what seed 000's synchronous
+# First, tfmagic's own engine on this cluster: `tfmagic.train` does in-graph what article 000's synchronous
 # program did between-graph: same data shards, batch size, learning rate and number of updates.
 
 # %%

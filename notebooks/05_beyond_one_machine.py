@@ -32,7 +32,7 @@
 #   every task: the same tf.distribute.Server, the same spec, the same %%tf_device
 # ```
 #
-# The seeds' users outgrow one machine. Seed 000 and 002 type one command per host; seed 000 and 003 hand the
+# The source articles' users outgrow one machine. Articles 000 and 002 type one command per host; articles 000 and 003 hand the
 # cluster to Spark/YARN through TensorFlowOnSpark. tfmagic launches the **same task process** on each of these
 # engines and keeps everything above it the same. This notebook trains one model, from the same initial weights
 # on the same data, on three backends:
