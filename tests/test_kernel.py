@@ -289,8 +289,8 @@ def _dashboard_output(reply) -> tuple[dict, str]:
 
 def test_tf_dashboard_refreshes_while_training_then_keeps_and_publishes_its_last_frame(kernel):
     kernel.ok("%tf_cluster start --ps 1 --workers 2 --replace", timeout=180)
-    # long enough (about 15 s here) that it is still training when the frames are counted
-    kernel.ok("run = %tf_train --mode async --model digits --steps 3000 --lr 0.05 --no-dashboard")
+    # long enough (about 30 s here) that it is still training when the frames are counted
+    kernel.ok("run = %tf_train --mode async --model digits --steps 6000 --lr 0.05 --no-dashboard")
     reply = kernel.ok("%tf_dashboard")
     data, display_id = _dashboard_output(reply)
     assert display_id, "shown with a display id, so its last frame can be published"
@@ -307,11 +307,11 @@ def test_tf_dashboard_refreshes_while_training_then_keeps_and_publishes_its_last
     time.sleep(1.5)
     assert kernel.value("dash.frames") == frames, "it kept drawing after training ended"
     assert kernel.value("dash._image.value == dash.last_png and len(dash.last_png) > 1000"), "last frame kept"
-    assert "done, 3000 updates" in kernel.value("dash._header.value")
+    assert "done, 6000 updates" in kernel.value("dash._header.value")
     # re-published with the last frame: what a saved notebook holds without widget state
     finals = kernel.updates_of(display_id)
     assert finals, "the last frame was not published to the notebook"
-    assert "async: 3000 updates" in finals[-1]["text/plain"], finals[-1]["text/plain"]
+    assert "async: 6000 updates" in finals[-1]["text/plain"], finals[-1]["text/plain"]
     assert finals[-1]["image/png"] != data["image/png"]
 
 
