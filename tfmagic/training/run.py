@@ -172,12 +172,11 @@ class TrainingRun:
         return self
 
     def start(self) -> TrainingRun:
-        refuse_if_training(self.cluster, self)  # before anything starts, in the caller
-        self.scheduled.add([])  # follows the history again if events are still to come (a resume)
-        with _TRAINING_LOCK:  # refused and claimed at once: two starts cannot both pass
+        with _TRAINING_LOCK:  # refused and claimed at once, in the caller: two starts cannot both pass
             _refuse_locked(self.cluster, self)
             self._thread = threading.Thread(target=self._main, name=f"tfmagic-train-{self.name}", daemon=True)
             _TRAINING.add(self)
+        self.scheduled.add([])  # follows the history again if events are still to come (a resume)
         self._thread.start()
         events.started.publish(self)
         return self
