@@ -20,6 +20,55 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TFMAGIC_SPARES", "0")
 
 
+#: The tiers, fastest first; every test carries at least one (``unit`` alone, or the kinds of real
+#: process it starts). ``tests/README.md`` gives each tier's time budget.
+TIERS = ("unit", "cluster", "kernel", "notebook", "browser", "soak", "server")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Run the fast tier first, and refuse a test that names no tier.
+
+    Unit tests move to the front (each tier keeps its order, so a module's shared fixtures stay
+    together); when one of them fails, the run stops once the unit tier has finished
+    (:func:`pytest_runtest_makereport`), so CI reports a broken contract within about two minutes
+    instead of after the notebooks.
+    """
+    unmarked = [item.nodeid for item in items if not any(item.get_closest_marker(t) for t in TIERS)]
+    if unmarked:
+        raise pytest.UsageError(
+            f"{len(unmarked)} test(s) carry no tier marker ({', '.join(TIERS)}), first {unmarked[0]}: "
+            "mark each with the tier of what it starts"
+        )
+    unit = [item for item in items if _is_unit(item)]
+    items[:] = unit + [item for item in items if not _is_unit(item)]
+    config.stash[_LAST_UNIT] = unit[-1].nodeid if unit and len(unit) < len(items) else None
+    config.stash[_UNIT_FAILED] = []
+
+
+def _is_unit(item) -> bool:
+    return item.get_closest_marker("unit") is not None and not any(
+        item.get_closest_marker(t) for t in TIERS[1:]
+    )
+
+
+_LAST_UNIT = pytest.StashKey[object]()
+_UNIT_FAILED = pytest.StashKey[list]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    failed = item.config.stash.get(_UNIT_FAILED, None)
+    if failed is not None and report.failed and _is_unit(item):
+        failed.append(item.nodeid)
+    if call.when == "teardown" and item.nodeid == item.config.stash.get(_LAST_UNIT, None) and failed:
+        item.session.shouldstop = (
+            f"{len(failed)} unit test(s) failed (first {failed[0]}): the slower tiers were not run; "
+            "fix the fast tier first"
+        )
+    return report
+
+
 def poll_for(
     predicate: Callable[[], object],
     timeout: float = 30.0,

@@ -141,6 +141,7 @@ def _race(sources: Sources, port: int, size: int, names: list[str]) -> dict[str,
     return out
 
 
+@pytest.mark.cluster
 def test_the_relay_shapes_only_the_link_of_the_source_a_connection_comes_from(relay):
     shaper, port, sources = relay
     size = 500_000
@@ -193,6 +194,7 @@ def test_the_relay_shapes_only_the_link_of_the_source_a_connection_comes_from(re
     ), str(report)
 
 
+@pytest.mark.cluster
 def test_delays_of_card_and_link_add():
     """A link's delay adds to its card's: a ping through both waits both, each way."""
     task = Task()
@@ -222,6 +224,7 @@ def test_delays_of_card_and_link_add():
     assert_gone([shaper.pid], timeout=10)
 
 
+@pytest.mark.cluster
 def test_a_slow_answer_delays_a_connection_at_most_who_wait_and_its_link_applies_once_named():
     """The owner answers 'who' after 1.5 s (a busy kernel): the connection passes its bytes after
     WHO_WAIT_S on the card, and once it is named its link shapes it, on the same connection."""
@@ -276,6 +279,7 @@ def test_a_slow_answer_delays_a_connection_at_most_who_wait_and_its_link_applies
     assert_gone([shaper.pid], timeout=10)
 
 
+@pytest.mark.unit
 def test_net_specs_with_links_parse_and_bad_ones_are_one_line():
     assert netshape.parse_net("worker:0->ps:0 rate=10mbit; ps:* rate=100mbit") == {
         "worker:0->ps:0": LinkModel(1.25e6, 0.0),

@@ -97,8 +97,8 @@ class ClusterStatus:
                 row.state, "#6e7781"
             )
             tds = []
-            for i, c in enumerate(cells):
-                style = f" style='color:{colour};font-weight:600'" if i == 3 else ""
+            for header, c in zip(HEADERS, cells):
+                style = f" style='color:{colour};font-weight:600'" if header == "state" else ""
                 tds.append(f"<td{style}>{esc(c)}</td>")
             body.append("<tr>" + "".join(tds) + "</tr>")
         notes = "".join(f"<div style='color:#6e7781'>{esc(n)}</div>" for n in self.notes)
