@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tfmagic.net import free_port
+
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
 
@@ -50,12 +52,6 @@ def _run(*cmd: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
     if check and out.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed: {out.stderr.strip()}")
     return out
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_port(host: str, port: int, netns: str | None, timeout: float = 15.0) -> None:
@@ -179,7 +175,7 @@ def loopback_host() -> SSHHosts:
     hosts = SSHHosts(root=root, config=root / "ssh_config")
     try:
         host_key, user_key = _keys(root)
-        port = _free_port()
+        port = free_port()
         hosts.sshd.append(_start_sshd(root, "loop", host_key, "127.0.0.1", port, None))
         _client_config(hosts, user_key, host_key, [("loop", "127.0.0.1", port)])
         hosts.aliases.append("loop")

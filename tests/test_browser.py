@@ -12,7 +12,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
+
+from tfmagic.net import free_port
 
 from .conftest import assert_gone, poll_for, task_processes
 
@@ -49,12 +50,6 @@ NOTEBOOK_CELLS = [
 SLOW_AT = 1500  # updates before worker:1 is slowed (a few seconds of training)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module", autouse=True)
 def fresh_artifacts():
     """Screenshots from an earlier run must not pass for this one's."""
@@ -76,7 +71,7 @@ def server(tmp_path):
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, work / "dash.ipynb")
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = free_port(), secrets.token_hex(16)
     env = dict(os.environ, TFMAGIC_SPARES="0")
     env.pop("PYTEST_CURRENT_TEST", None)
     for name in ("JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR"):

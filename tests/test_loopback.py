@@ -11,7 +11,6 @@ import errno
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
@@ -21,17 +20,12 @@ import psutil
 import pytest
 
 from tfmagic import loopback
+from tfmagic.net import free_port
 
 from .conftest import poll_for
 
 LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1"}
 WILDCARD = {"0.0.0.0", "::"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _child_env(guarded: bool) -> dict[str, str]:
@@ -389,7 +383,7 @@ def _listening(pid: int, port: int) -> set[str]:
 class Server:
     def __init__(self, guarded: bool, log: Path):
         self.guarded = guarded
-        self.port = _free_port()
+        self.port = free_port()
         self.log = log
         with open(log, "wb") as f:
             self.popen = subprocess.Popen(

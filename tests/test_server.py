@@ -16,7 +16,6 @@ import os
 import re
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -28,6 +27,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+
+from tfmagic.net import free_port
 
 from .conftest import assert_gone, poll_for, task_processes
 
@@ -46,12 +47,6 @@ FLAGS = [
 ]
 BASE_URL = "/user/test/"
 STEPS = 4000  # a paced async run of about a minute here: long enough to watch, short enough to finish
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -118,7 +113,7 @@ def server(tmp_path_factory):
         # An editable install (pip install -e) does not install data files: read the same file
         # from the repository, through the same config mechanism a real install uses.
         env["JUPYTER_CONFIG_PATH"] = str(ROOT / "jupyter-config")
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = free_port(), secrets.token_hex(16)
     log = open(tmp / "server.log", "w")  # noqa: SIM115 - closed in the teardown below
     proc = subprocess.Popen(
         [

@@ -28,6 +28,7 @@ import psutil
 import pytest
 
 from tests.conftest import SHARED, assert_gone, poll_for, share
+from tfmagic.net import free_port
 
 try:
     import pyspark  # noqa: F401
@@ -53,12 +54,6 @@ def needs_spark(test):
 def _get_json(url: str, timeout: float = 10.0):
     with urllib.request.urlopen(url, timeout=timeout) as r:
         return json.load(r)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _my_task_processes() -> set[int]:
@@ -529,7 +524,7 @@ def test_a_wrong_master_is_one_line_saying_what_to_do(no_spark_leaks):
     from tfmagic import SparkCluster
     from tfmagic.errors import ClusterStartError
 
-    port = _free_port()
+    port = free_port()
     cases = [
         ("spark://nohost:1", r"cannot reach the Spark master spark://nohost:1: there is no host 'nohost'"),
         (
@@ -711,7 +706,7 @@ class _Standalone:
         from pyspark.find_spark_home import _find_spark_home
 
         spark_class = os.path.join(_find_spark_home(), "bin", "spark-class")
-        self.port, self.ui_port, worker_ui = _free_port(), _free_port(), _free_port()
+        self.port, self.ui_port, worker_ui = free_port(), free_port(), free_port()
         self.url = f"spark://127.0.0.1:{self.port}"
         env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_WORKER_DIR": str(root / "work")}
         self.procs: list[subprocess.Popen] = []

@@ -25,17 +25,12 @@ import psutil
 import pytest
 
 from tfmagic import loopback, procstats
+from tfmagic.net import free_port
 
 from .conftest import assert_gone, poll_for
 
 REPO = str(Path(__file__).resolve().parents[1])
 LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -123,7 +118,7 @@ class Task:
         return self.until(lambda m: m.get("id") == rid and m.get("event") != "stream", timeout)
 
     def assign(self, job: str = "worker", index: int = 0) -> dict:
-        addresses = [f"127.0.0.1:{_free_port()}" for _ in range(index + 1)]
+        addresses = [f"127.0.0.1:{free_port()}" for _ in range(index + 1)]
         self.port = int(addresses[index].rsplit(":", 1)[1])
         self.send("assign", job=job, index=index, cluster={job: addresses})
         return self.until(lambda m: m.get("event") == "ready", 90)

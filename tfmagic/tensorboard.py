@@ -45,7 +45,6 @@ from __future__ import annotations
 import html
 import os
 import queue
-import socket
 import subprocess
 import sys
 import threading
@@ -55,6 +54,7 @@ from pathlib import Path
 
 from . import owner
 from .metrics import Evaluation, GlobalStep, History, StepRecord
+from .net import free_port
 
 __all__ = ["TensorBoard", "Writer", "show", "write"]
 
@@ -200,12 +200,6 @@ _running: dict[Path, TensorBoard] = {}
 _lock = threading.Lock()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _listener_pid(port: int) -> int | None:
     """The pid of the process whose socket listens on 127.0.0.1:``port`` (None: none that we can see).
 
@@ -283,7 +277,7 @@ class TensorBoard:
     stop = kill
 
     def _start(self, timeout: float) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.log_path = owner.runtime_dir() / f"tensorboard-{self.port}.log"
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
