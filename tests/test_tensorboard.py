@@ -32,7 +32,7 @@ def test_a_port_taken_by_another_process_is_refused_and_tensorboard_ended(tmp_pa
     impostor = http.server.HTTPServer(("127.0.0.1", 0), _Impostor)
     port = impostor.server_address[1]
     threading.Thread(target=impostor.serve_forever, daemon=True).start()
-    monkeypatch.setattr(tensorboard, "_free_port", lambda: port)
+    monkeypatch.setattr(tensorboard, "free_port", lambda: port)
     (tmp_path / "tb").mkdir()
     try:
         board = tensorboard.show(tmp_path / "tb", timeout=60)
