@@ -450,6 +450,7 @@ FILES = _files()
         ("%%tf_px -o for\n1", "not a variable name"),
         ("%tf_cluster logs worker:0 --tail -5", "too small"),
         ("%tf_cluster start --timeout nan --replace", "not a finite number"),
+        ("%tf_cluster start --backend ssh --hosts no-such-host.invalid --replace", "does not resolve here"),
         ("%tf_dashboard --refresh nan", "not a finite number"),
         ("%tf_train --lr inf", "not a finite number"),
         ("%%tf_device worker:\u0661\nx = 1", "is not a task name"),

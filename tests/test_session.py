@@ -40,10 +40,14 @@ def test_a_script_gets_the_magics_policy_reuse_refuse_replace():
             ),
             "ssh",
         ),
+        (
+            ClusterRequest(ps=0, workers=1, backend="ssh", hosts=("no-such-host.invalid",)),
+            r"'no-such-host.invalid' \(no-such-host.invalid\) does not resolve here",
+        ),
         (ClusterRequest(ps=0, workers=1, backend="nfs"), "unknown backend 'nfs'"),
         (ClusterRequest(ps=0, workers=1, collective=True, hosts=("a",)), "for the ssh backend"),
     ],
-    ids=["spark-master", "ssh-config", "backend", "foreign-option"],
+    ids=["spark-master", "ssh-config", "ssh-host", "backend", "foreign-option"],
 )
 def test_replace_checks_the_new_cluster_before_it_stops_the_running_one(request_, why):
     """A --replace that cannot build used to stop the running cluster first and leave the user with nothing."""

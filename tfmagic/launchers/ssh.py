@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import socket
 import subprocess
 import threading
 from collections.abc import Sequence
@@ -71,7 +72,18 @@ def resolve(destination: str, ssh: Sequence[str]) -> tuple[str, str]:
     for line in out.stdout.splitlines():
         key, _, value = line.partition(" ")
         found.setdefault(key.lower(), value.strip())
-    return found.get("hostname", destination), found.get("port", "22")
+    hostname, port = found.get("hostname", destination), found.get("port", "22")
+    proxied = any(found.get(k, "none").lower() != "none" for k in ("proxycommand", "proxyjump"))
+    if not proxied:  # a name behind a jump host resolves there, not here
+        try:
+            socket.getaddrinfo(hostname, port, type=socket.SOCK_STREAM)
+        except (socket.gaierror, UnicodeError) as exc:
+            why = getattr(exc, "strerror", None) or str(exc)
+            raise ClusterStartError(
+                f"the host {destination!r} ({hostname}) does not resolve here ({why}); "
+                "check the host names, or the ssh config that names them"
+            ) from None
+    return hostname, port
 
 
 class SSHLauncher(PopenLauncher):
