@@ -166,6 +166,47 @@ def test_every_exception_is_in_errors_py():
     assert strays == []
 
 
+#: Programs that run inside a task or a relay: their errors go over the wire as text, not to a user
+_TASK_SIDE = {"task_main.py", "shaper_main.py", "spark_task.py", "proctree.py", "launch.py"}
+
+
+def test_every_error_a_user_can_cause_is_a_tfmagic_error():
+    """``except tfmagic.TfmagicError`` catches what the API raises: no bare ValueError, RuntimeError,
+    TimeoutError, KeyError or TypeError (the errors subclass those where that is what they are)."""
+    bare = []
+    for path in PACKAGE.rglob("*.py"):
+        if path.name in _TASK_SIDE:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Raise) and node.exc is not None:
+                target = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+                name = getattr(target, "id", None)
+                if name in {
+                    "ValueError",
+                    "RuntimeError",
+                    "TimeoutError",
+                    "KeyError",
+                    "TypeError",
+                    "Exception",
+                }:
+                    bare.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {name}")
+    assert bare == []
+
+
+def test_every_error_class_is_raised_somewhere():
+    """An exception nothing raises is a promise the code does not keep (ClusterChanged was one)."""
+    from tfmagic import errors
+
+    source = "\n".join(p.read_text() for p in PACKAGE.rglob("*.py") if p.name != "errors.py")
+    names = [n for n, v in vars(errors).items() if isinstance(v, type) and issubclass(v, Exception)]
+    unused = [
+        n
+        for n in names
+        if n != "TfmagicError" and f"raise {n}" not in source and f"raise errors.{n}" not in source
+    ]
+    assert unused == []
+
+
 def test_nothing_below_the_magics_imports_ipython():
     """`import tfmagic` and the API work in a script without IPython's display machinery."""
     offenders = []

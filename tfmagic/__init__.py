@@ -41,6 +41,8 @@ _EXPORTS = {
     "TaskLost": "errors",
     "TfmagicError": "errors",
     "UnknownTask": "errors",
+    "BadArgument": "errors",
+    "WaitTimedOut": "errors",
     "set_spare_budget": "pool",
     "ClusterDef": "spec",
     "ClusterShape": "spec",
@@ -88,6 +90,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "BadArgument",
     "BadClusterShape",
     "BadTaskName",
     "Cluster",
@@ -107,6 +110,7 @@ __all__ = [
     "TaskName",
     "TfmagicError",
     "UnknownTask",
+    "WaitTimedOut",
     "current_cluster",
     "load_ipython_extension",
     "set_spare_budget",

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from . import client, doctor, elastic, netshape, owner, placement, traffic, waits
-from .errors import BadClusterShape, ClusterStartError, NeedsForce, NoCluster, TaskLost
+from .errors import BadArgument, BadClusterShape, ClusterStartError, NeedsForce, NoCluster, TaskLost
 from .events import Event, Topic
 from .launchers.base import Launcher, TaskHandle, TaskState
 from .launchers.local import LocalLauncher
@@ -729,9 +729,9 @@ class Cluster:
         try:
             factor = float(factor)
         except (TypeError, ValueError):
-            raise ValueError(f"factor must be a number >= 1, not {factor!r}") from None
+            raise BadArgument(f"factor must be a number >= 1, not {factor!r}") from None
         if not factor >= 1.0 or factor == float("inf"):
-            raise ValueError(f"factor must be a number >= 1 (1 restores full speed), not {factor:g}")
+            raise BadArgument(f"factor must be a number >= 1 (1 restores full speed), not {factor:g}")
         t, proc = self._live(task)
         if self.pace is not None:
             self.pace.set_slowdown(t, factor)

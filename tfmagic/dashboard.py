@@ -32,6 +32,7 @@ from collections import deque
 from pathlib import Path
 
 from .dashdata import MAJOR, STALE_MODES, Mark, RollingRate, RunTrace, place_event
+from .errors import BadArgument
 from .events import Event
 from .gilshare import yielding
 from .metrics import Evaluation, GlobalStep, StepRecord
@@ -111,7 +112,7 @@ class Dashboard:
         budget: float = BUDGET,
     ) -> None:
         if x not in X_AXES:
-            raise ValueError(f"x is one of {', '.join(X_AXES)}, not {x!r}")
+            raise BadArgument(f"x is one of {', '.join(X_AXES)}, not {x!r}")
         self.x = x
         self.smooth = smooth if smooth and smooth > 1 else None
         self.gantt_steps = gantt_steps
@@ -213,7 +214,7 @@ class Dashboard:
     def set_x(self, x: str) -> None:
         """Plot the loss curves against ``"updates"``, ``"examples"`` seen or ``"seconds"`` after warm-up."""
         if x not in X_AXES:
-            raise ValueError(f"x is one of {', '.join(X_AXES)}, not {x!r}")
+            raise BadArgument(f"x is one of {', '.join(X_AXES)}, not {x!r}")
         with self._draw_lock:
             if x != self.x:
                 self.x = x

@@ -12,6 +12,8 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 
+from .errors import BadArgument
+
 
 class DownsampledSeries:
     """(x, y) points, at most ``max_points``: when full, neighbours are merged in pairs.
@@ -33,9 +35,9 @@ class DownsampledSeries:
 
     def __init__(self, max_points: int = 400, merge: str = "mean") -> None:
         if max_points < 2:
-            raise ValueError("max_points must be at least 2")
+            raise BadArgument("max_points must be at least 2")
         if merge not in ("mean", "keep"):
-            raise ValueError("merge is 'mean' or 'keep'")
+            raise BadArgument("merge is 'mean' or 'keep'")
         self.max_points = max_points
         self.merge = merge
         self.xs: list[float] = []
@@ -162,7 +164,7 @@ class MovingMean:
 
     def __init__(self, window: int) -> None:
         if window < 1:
-            raise ValueError("a moving mean needs a window of at least 1")
+            raise BadArgument("a moving mean needs a window of at least 1")
         self.window = window
         self._values: deque[float] = deque()
         self._sum = 0.0

@@ -74,10 +74,6 @@ class NeedsForce(TfmagicError):
     """An action that would lose work (a running task's state, an existing file) was asked without force."""
 
 
-class ClusterChanged(TfmagicError):
-    """A handle (a Cluster object, a run) used after its cluster was stopped or replaced."""
-
-
 class PxError(TfmagicError):
     """A ``%%tf_px`` request that cannot be sent (bad targets, no cluster...)."""
 
@@ -118,3 +114,15 @@ class LessonCheckFailed(TfmagicError, AssertionError):
 
 class BadPace(TfmagicError, ValueError):
     """A pace that is not a positive duration (``"40ms"``), or one the machine cannot keep."""
+
+
+class BadArgument(TfmagicError, ValueError):
+    """A value given to tfmagic's API that it cannot use (a size, a factor, a name); the message says what to give."""
+
+
+class WrongType(TfmagicError, TypeError):
+    """An argument of a kind tfmagic's API does not take; the message names the kinds it does."""
+
+
+class WaitTimedOut(TfmagicError, TimeoutError):
+    """Something tfmagic waited on (a task's answer, a run, a free port) did not come in time."""

@@ -26,6 +26,7 @@ from itertools import count
 from typing import TYPE_CHECKING
 
 from . import owner
+from .errors import BadArgument
 
 if TYPE_CHECKING:
     from .launchers.base import Launcher
@@ -43,7 +44,7 @@ def parse_bytes(value: int | float | str | None) -> int | str:
         return 0
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         if value < 0:
-            raise ValueError(f"a memory budget cannot be negative ({value})")
+            raise BadArgument(f"a memory budget cannot be negative ({value})")
         return int(value)
     text = str(value).strip().lower()
     if text in ("auto", ""):
@@ -52,7 +53,7 @@ def parse_bytes(value: int | float | str | None) -> int | str:
         return 0
     m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kmg]?i?b?)", text)
     if not m:
-        raise ValueError(f"{value!r} is not a memory size; write it like '1.5GB', '800MB', 0 or 'auto'")
+        raise BadArgument(f"{value!r} is not a memory size; write it like '1.5GB', '800MB', 0 or 'auto'")
     unit = m.group(2).replace("i", "")
     return int(float(m.group(1)) * _UNITS[unit])
 

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 
 from . import events, waits
-from .errors import PxError
+from .errors import PxError, WaitTimedOut
 from .metrics import GlobalStep, History, StepRecord
 from .spec import TaskName
 
@@ -296,7 +296,7 @@ class PxRun:
             while not self.done:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
-                    raise TimeoutError(
+                    raise WaitTimedOut(
                         f"%%tf_px still running in {[t for t, o in self.outcomes.items() if not o.done]}"
                     )
                 self._cond.wait(0.2 if left is None else min(left, 0.2))

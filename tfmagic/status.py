@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 from dataclasses import asdict, dataclass, field
 
+from .errors import UnknownTask
 from .procstats import human_bytes, human_seconds
 
 
@@ -63,7 +64,9 @@ class ClusterStatus:
         for row in self.tasks:
             if row.task == str(task):
                 return row
-        raise KeyError(task)
+        raise UnknownTask(
+            f"no task {task} in this status; its tasks are {', '.join(r.task for r in self.tasks)}"
+        )
 
     @property
     def total_pss(self) -> int:

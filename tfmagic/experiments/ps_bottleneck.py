@@ -26,6 +26,7 @@ import time
 
 import numpy as np
 
+from ..errors import TrainingError
 from ..training.models import Data, Model
 from .base import Check, Claim, Finding, Lab, figure
 
@@ -80,7 +81,7 @@ def _update_time(lab: Lab, cluster, label: str) -> float:
     h = lab.train(cluster, "async", UPDATES, label=label, model=Ballast(seed=lab.seed), lr=0.05)
     rate = h.updates_per_s()
     if not rate:
-        raise RuntimeError(f"the {label} run made no update after its warm-up")
+        raise TrainingError(f"the {label} run made no update after its warm-up")
     return 1.0 / rate
 
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any
 
 from .. import owner, protocol
+from ..errors import WaitTimedOut
 from ..events import Topic
 from ..spec import TaskName
 from .base import TaskState
@@ -160,7 +161,7 @@ class TaskProcess:
         if not self.wait_for(lambda: rid in self._replies or not self.alive, timeout):
             with self._cond:
                 self._replies.pop(rid, None)
-            raise TimeoutError(f"{self.label} did not answer {op!r} within {timeout:g} s")
+            raise WaitTimedOut(f"{self.label} did not answer {op!r} within {timeout:g} s")
         with self._cond:
             reply = self._replies.pop(rid, None)
         if reply is None:

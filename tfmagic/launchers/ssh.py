@@ -36,7 +36,7 @@ import threading
 from collections.abc import Sequence
 
 from .. import net
-from ..errors import ClusterStartError
+from ..errors import BadArgument, ClusterStartError, WaitTimedOut
 from .base import TaskHandle
 from .channel import TaskProcess
 from .process import TASK_ENV, PopenLauncher, kill_tree, spawn
@@ -134,7 +134,7 @@ class SSHLauncher(PopenLauncher):
             hosts = hosts.split(",")
         self.destinations = [h.strip() for h in hosts if h.strip()]
         if not self.destinations:
-            raise ValueError("give at least one SSH host, e.g. hosts=['node1', 'node2']")
+            raise BadArgument("give at least one SSH host, e.g. hosts=['node1', 'node2']")
         exe = shutil.which(ssh)
         if exe is None:
             raise ClusterStartError(f"the ssh client ({ssh!r}) is not installed here; install openssh-client")
@@ -185,7 +185,7 @@ class SSHLauncher(PopenLauncher):
             port = net.free_port("127.0.0.1")
             if proc.request("free_port", timeout=30.0, host="127.0.0.1", port=port)["port"] == port:
                 return port
-        raise TimeoutError(f"no port was free both here and on {proc.destination} after 50 tries")
+        raise WaitTimedOut(f"no port was free both here and on {proc.destination} after 50 tries")
 
     # -- tunnels (tunnel=True) --------------------------------------------------
     def prepare(self, cluster: dict[str, list[str]], procs: dict) -> None:

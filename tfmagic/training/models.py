@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import BadArgument, WrongType
+
 
 @dataclass
 class Data:
@@ -213,9 +215,9 @@ class KerasModel(Model):
         self.input_fn = input_fn
         if input_fn is not None:
             if x is not None or y is not None:
-                raise ValueError("KerasModel takes x and y arrays or an input_fn, not both")
+                raise BadArgument("KerasModel takes x and y arrays or an input_fn, not both")
             if not callable(input_fn):
-                raise ValueError("input_fn must be a function (shard_index, num_shards) -> tf.data.Dataset")
+                raise BadArgument("input_fn must be a function (shard_index, num_shards) -> tf.data.Dataset")
             source = eval_fn() if eval_fn is not None else input_fn(0, 1)
             xt, yt = _examples(
                 source, eval_examples, "eval_fn()" if eval_fn is not None else "input_fn(0, 1)"
@@ -225,7 +227,9 @@ class KerasModel(Model):
             data = Data(xt[:0], yt[:0], xt, yt)
         else:
             if x is None or y is None:
-                raise ValueError("KerasModel needs x and y arrays or an input_fn returning a tf.data.Dataset")
+                raise BadArgument(
+                    "KerasModel needs x and y arrays or an input_fn returning a tf.data.Dataset"
+                )
             x, y = np.asarray(x, np.float32), np.asarray(y)
             order = np.random.default_rng(seed).permutation(len(x))
             x, y = x[order], y[order]
@@ -295,18 +299,18 @@ def _examples(dataset, limit: int, what: str) -> tuple[np.ndarray, np.ndarray]:
     import tensorflow as tf
 
     if not isinstance(dataset, tf.data.Dataset):
-        raise ValueError(
+        raise BadArgument(
             f"{what} must return a tf.data.Dataset of (x, y) examples, not {type(dataset).__name__}"
         )
     spec = dataset.element_spec
     if not (isinstance(spec, tuple) and len(spec) == 2):
-        raise ValueError(f"{what} must return a Dataset of (x, y) pairs; its elements are {spec}")
+        raise BadArgument(f"{what} must return a Dataset of (x, y) pairs; its elements are {spec}")
     xs, ys = [], []
     for ex_x, ex_y in dataset.take(limit):
         xs.append(np.asarray(ex_x))
         ys.append(np.asarray(ex_y))
     if not xs:
-        raise ValueError(f"{what} returned an empty Dataset; the held-out loss needs examples")
+        raise BadArgument(f"{what} returned an empty Dataset; the held-out loss needs examples")
     return np.stack(xs), np.stack(ys)
 
 
@@ -319,9 +323,11 @@ def resolve(model, **kwargs) -> Model:
         return model
     if isinstance(model, str):
         if model not in BUILTIN:
-            raise ValueError(f"unknown model {model!r}; use one of {', '.join(BUILTIN)} or a KerasModel(...)")
+            raise BadArgument(
+                f"unknown model {model!r}; use one of {', '.join(BUILTIN)} or a KerasModel(...)"
+            )
         return BUILTIN[model](**kwargs)
-    raise TypeError(
+    raise WrongType(
         f"model must be 'linear', 'digits' or a tfmagic.KerasModel, not {type(model).__name__}; "
         "wrap a Keras model as KerasModel(build_fn, x=..., y=...)"
     )

@@ -9,6 +9,8 @@ accumulator) are created beside their weights on the same ps.  Dean et al.
 
 from __future__ import annotations
 
+from ..errors import BadArgument
+
 NAMES = ("sgd", "momentum", "adagrad")
 
 
@@ -17,7 +19,7 @@ class Optimizer:
         self, name: str = "sgd", lr: float = 0.1, momentum: float = 0.9, initial_accumulator: float = 0.1
     ):
         if name not in NAMES:
-            raise ValueError(f"unknown optimizer {name!r}; use one of {', '.join(NAMES)}")
+            raise BadArgument(f"unknown optimizer {name!r}; use one of {', '.join(NAMES)}")
         self.name = name
         self.lr = float(lr)
         self.momentum = float(momentum)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import client, elastic, placement
+from ..errors import TaskLost
 from ..spec import TaskName
 from .optimizers import Optimizer
 
@@ -172,7 +173,7 @@ class ParameterStore:
     def snapshot(self, limit: int) -> tuple[list[np.ndarray], list[np.ndarray], int]:
         """Weights, optimizer slots and the global step (at most ``limit``), read from the ps."""
         if not self.ps_alive():
-            raise RuntimeError("a ps task is not running")
+            raise TaskLost("a ps task is not running")
         tensors = [*self.variables, *self.optimizer.slots, self.global_step]
         with client.gate.call(self.who, self.ps_tasks, "a checkpoint read"):
             # One at a time, on purpose: asking for every copy first is one round trip instead

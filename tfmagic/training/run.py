@@ -16,7 +16,7 @@ import weakref
 import numpy as np
 
 from .. import client, events
-from ..errors import TrainingError
+from ..errors import TrainingError, WaitTimedOut
 from ..metrics import History
 from ..spec import TaskName
 from . import schedule
@@ -193,7 +193,7 @@ class TrainingRun:
         while self.running:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
-                raise TimeoutError(f"training {self.name} still running after {timeout:g} s")
+                raise WaitTimedOut(f"training {self.name} still running after {timeout:g} s")
             self._thread.join(0.1 if remaining is None else min(remaining, 0.1))
         if self.error is not None and raise_error:
             raise self.error
