@@ -135,7 +135,9 @@ def test_bad_input_is_one_line_and_leaves_the_cluster_as_it_was(two_workers):
         sess.cluster = cluster
         for line, said in [
             ("add chief", "not a job"),
-            ("add worker --count 0", "--count 0"),
+            ("add worker --count 0", "--count: '0' is too small; give 1 or more"),
+            ("add worker --count -1", "--count: '-1' is too small; give 1 or more"),
+            ("net ps:0 --delay -1ms", "not a delay"),
             ("remove worker:9", "not in this cluster"),
             ("remove worker:0", "highest-numbered"),
             ("remove", "needs a task"),

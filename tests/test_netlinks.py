@@ -298,10 +298,20 @@ def test_net_specs_with_links_parse_and_bad_ones_are_one_line():
         ("worker:0->ps:0 rate=fast", "not a rate"),
         ("worker:0->ps:0 delay=-1ms", "not a delay"),
         ("worker:0->ps:0 speed=1mbit", "rate=100mbit"),
+        ("ps:0 delay=50", "has no unit; write 50ms"),
+        ("ps:0 rate=1mbit; ps:0 rate=2mbit", "ps:0 is given twice"),
+        ("ps:* rate=1mbit; ps:* delay=2ms", r"ps:\* is given twice"),
     ):
         with pytest.raises(BadNet, match=said) as err:
             netshape.parse_net(bad)
         assert "\n" not in str(err.value), str(err.value)
+    assert netshape.parse_delay("0") == 0.0 and netshape.parse_delay(0.05) == 0.05  # the API speaks seconds
+    for huge in (10**400, float("inf"), float("nan"), -1):
+        with pytest.raises(BadNet, match="must be a number") as err:
+            netshape.parse_delay(huge)
+        assert len(str(err.value)) < 120, str(err.value)
+        with pytest.raises(BadNet, match="must be a number"):
+            netshape.parse_rate(huge)
     for bad in (float("nan"), float("inf"), -1.0, True):
         with pytest.raises(BadNet):
             netshape.parse_rate(bad)

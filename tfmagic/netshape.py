@@ -100,9 +100,10 @@ def parse_rate(text: str | float | None) -> float | None:
     if text is None or (isinstance(text, str) and text.strip().lower() in ("", "none", "off")):
         return None
     if isinstance(text, (int, float)) and not isinstance(text, bool):
-        if not (0 < text < math.inf):
-            raise BadNet(f"a rate must be a number of bytes/s > 0, not {text}")
-        return float(text)
+        value = _finite(text)
+        if value is None or not value > 0:
+            raise BadNet(f"a rate must be a number of bytes/s > 0, not {_short(text)}")
+        return value
     m = _RATE.match(str(text))
     if not m or float(m.group(1)) <= 0:
         raise BadNet(
@@ -120,13 +121,30 @@ def parse_delay(text: str | float | None) -> float:
     if text is None:
         return 0.0
     if isinstance(text, (int, float)) and not isinstance(text, bool):
-        if not (0 <= text < math.inf):
-            raise BadNet(f"a delay must be a number of seconds >= 0, not {text}")
-        return float(text)
+        value = _finite(text)
+        if value is None or not value >= 0:
+            raise BadNet(f"a delay must be a number of seconds >= 0, not {_short(text)}")
+        return value
     m = _DELAY.match(str(text))
     if not m:
         raise BadNet(f"{text!r} is not a delay; write it like 2ms or 0.5ms (zero or more)")
+    if m.group(2) is None and float(m.group(1)) != 0:
+        raise BadNet(f"{text!r} has no unit; write {m.group(1)}ms (or {m.group(1)}s, {m.group(1)}us)")
     return float(m.group(1)) * {"s": 1.0, "ms": 1e-3, "us": 1e-6}[(m.group(2) or "s").lower()]
+
+
+def _finite(number: float) -> float | None:
+    """``number`` as a finite float, or None (an int too big for a float, inf, nan)."""
+    try:
+        value = float(number)
+    except OverflowError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _short(number: float) -> str:
+    text = str(number)
+    return text if len(text) <= 24 else f"a number of {len(text)} digits"
 
 
 @dataclass
@@ -219,9 +237,10 @@ def parse_net(spec: str | dict | None) -> dict[str, LinkModel]:
                 raise BadNet(f"{w!r}: write the model as rate=100mbit delay=2ms after the task or link")
             fields[key] = value
         src, dst = parse_target(words[0])
-        out[dst if src is None else f"{src}->{dst}"] = LinkModel(
-            parse_rate(fields.get("rate")), parse_delay(fields.get("delay"))
-        )
+        key = dst if src is None else f"{src}->{dst}"
+        if key in out:
+            raise BadNet(f"{key} is given twice; give each card or link once, with all its fields")
+        out[key] = LinkModel(parse_rate(fields.get("rate")), parse_delay(fields.get("delay")))
     return out
 
 

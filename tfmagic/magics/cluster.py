@@ -17,7 +17,7 @@ from ..pool import default_pool, parse_bytes
 from ..procstats import human_bytes, memory_of
 from ..spec import ClusterShape
 from . import render
-from .verbs import Verbs, arg, count, number, seconds, unquote, verb
+from .verbs import Verbs, arg, count, number, positive_count, seconds, unquote, verb
 
 
 def _need_cluster(what: str):
@@ -411,13 +411,11 @@ class ClusterMagics(Magics):
     # -- membership -----------------------------------------------------------
     @verb("add tasks to the running cluster (a warm spare where one exists); nothing else restarts")
     @arg("job", nargs="?", default=None, help="worker or ps")
-    @arg("--count", type=count, default=1, help="how many (default 1)")
+    @arg("--count", type=positive_count, default=1, help="how many (default 1)")
     def cmd_add(self, args):
         cluster = _need_cluster("add to")
         if not args.job:
             raise UsageError("add needs a job, for example: %tf_cluster add worker --count 1")
-        if args.count < 1:
-            raise UsageError("--count 0 adds nothing; give 1 or more")
         try:
             outcome = cluster.add(unquote(args.job), count=args.count)
         except ClusterStartError as exc:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import keyword
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -32,9 +33,13 @@ def count(text: str) -> int:
     return int(text)
 
 
+_NEGATIVE_VALUE = re.compile(r"(?<!\S)(--[A-Za-z][\w-]*)\s+(-[0-9.]\S*)")
+
+
 def positive_count(text: str) -> int:
     """A whole number >= 1."""
-    n = count(text)
+    negative = text.startswith("-") and text[1:].isascii() and text[1:].isdigit()
+    n = -1 if negative else count(text)
     if n < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is too small; give 1 or more")
     return n
@@ -186,6 +191,8 @@ class Verbs:
                 f"unknown subcommand {name!r}; use one of {', '.join(self.verbs)} (see %{self.magic}?)"
             )
         parser = v.parser(self.magic)
+        # '--delay -1ms' is a value, not an option: argparse takes only plain negative numbers as values
+        rest = _NEGATIVE_VALUE.sub(r"\1=\2", rest)
         args = parser.parse_argstring(rest)
         if args.help:
             parser.print_help()
