@@ -490,3 +490,19 @@ def test_a_second_run_or_comparison_on_a_training_cluster_is_refused_in_one_line
     finally:
         first.stop()
     assert tfmagic.train(c3, mode="sync", model="linear", steps=5).steps == 5
+
+
+def test_an_event_after_the_runs_last_update_is_refused_in_one_line(c3):
+    """An event past the last update would never happen and nothing would say so."""
+    for start in (
+        lambda: tfmagic.train(
+            c3, "async", model="linear", steps=100, events="150: kill worker:1", block=False
+        ),
+        lambda: TrainingRun(c3, "async", model="linear", steps=100).schedule(step=101, restart="worker:1"),
+    ):
+        with pytest.raises(TrainingError, match=r"after the run's last update \(100\)") as err:
+            start()
+        assert "\n" not in str(err.value)
+    run = tfmagic.train(c3, "async", model="linear", steps=20, events="20: slow worker:1 1", block=False)
+    run.wait(120)
+    assert [(str(e), e.done) for e in run.scheduled.events] == [("20: slow worker:1 1", True)]

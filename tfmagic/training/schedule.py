@@ -84,6 +84,13 @@ class Schedule:
         self._sub = None
 
     def add(self, events: list[Scheduled]) -> None:
+        last = getattr(self.run, "steps", None)
+        late = [e for e in events if isinstance(last, int) and e.step > last]
+        if late:  # it would never happen, and nothing would say so
+            raise TrainingError(
+                f"the event '{late[0]}' is after the run's last update ({last}): schedule it at a step "
+                f"from 1 to {last}, or train for more steps"
+            )
         with self._lock:
             self.events.extend(events)
             self.events.sort(key=lambda e: e.step)
