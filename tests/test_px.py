@@ -126,6 +126,21 @@ def test_interrupt_stops_the_cells(px_cluster):
     assert run_px(px_cluster, "1 + 1", targets="worker:*").wait(15)["worker:1"].result == 2
 
 
+def test_a_cell_on_a_task_still_running_an_earlier_one_is_refused_at_once(px_cluster):
+    """A task runs its cells one after another: a second cell would wait, silent, behind one that
+    goes on in the background. It is refused by name; the other task still takes it."""
+    first = run_px(px_cluster, "import time\nwhile True:\n    time.sleep(0.05)", targets="worker:0")
+    try:
+        with pytest.raises(PxError, match=r"worker:0 is still running an earlier cell \(px") as err:
+            run_px(px_cluster, "1 + 1", targets="worker:*")
+        assert "\n" not in str(err.value) and "cluster.restart('worker:0', force=True)" in str(err.value)
+        assert run_px(px_cluster, "1 + 1", targets="worker:1").wait(15)["worker:1"].result == 2
+    finally:
+        first.interrupt()
+        first.wait(15)
+    assert run_px(px_cluster, "2 + 2", targets="worker:*").wait(15)["worker:0"].result == 4
+
+
 def test_targets_start_the_body_together_after_their_slow_imports(px_cluster, tmp_path):
     """%%tf_px's barrier: a target whose imports take 2 s longer holds the others back, so the
     cell's body starts on every target within a fraction of a second (without the barrier

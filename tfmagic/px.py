@@ -20,6 +20,7 @@ import pickle
 import queue
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 
 from . import events, waits
@@ -165,6 +166,8 @@ class PxRun:
             self._last_report[str(task)] = time.time()
         with self._cond:
             self._sent = True
+        with _ACTIVE_LOCK:
+            _ACTIVE.add(self)
         events.started.publish(self)
         if barrier:
             self._release_if_ready()
@@ -321,6 +324,28 @@ class PxRun:
         return f"<PxRun {self.name}: {states}>"
 
 
+#: cells sent and not yet finished everywhere; a task runs its cells one after another
+_ACTIVE: weakref.WeakSet[PxRun] = weakref.WeakSet()
+_ACTIVE_LOCK = threading.Lock()
+
+
+def busy_with(cluster, task: TaskName) -> PxRun | None:
+    """The earlier cell ``task`` (its current process) is still running, if any."""
+    proc = cluster.procs.get(task)
+    with _ACTIVE_LOCK:
+        runs = list(_ACTIVE)
+    for run in runs:
+        outcome = run.outcomes.get(str(task))
+        if (
+            run.cluster is cluster
+            and outcome is not None
+            and not outcome.done
+            and run._procs.get(str(task)) is proc
+        ):
+            return run
+    return None
+
+
 def run_px(cluster, code: str, targets: str | None = "all", name: str | None = None) -> PxRun:
     """Send ``code`` to the chosen tasks and return the running :class:`PxRun`.
 
@@ -335,4 +360,12 @@ def run_px(cluster, code: str, targets: str | None = "all", name: str | None = N
             f"{t} is {c} and cannot run the cell now; continue it (kill -CONT), or restart it "
             f"(cluster.restart('{t}', force=True)), or leave it out with targets="
         )
+    for t in chosen:
+        earlier = busy_with(cluster, t)
+        if earlier is not None:  # the task would queue this cell behind it, and the cell would print nothing
+            raise PxError(
+                f"{t} is still running an earlier cell ({earlier.name}, going on in the background); "
+                "wait for it or interrupt it (its PxRun's wait() or interrupt()), restart the task "
+                f"(cluster.restart('{t}', force=True)), or leave it out with targets="
+            )
     return PxRun(cluster, code, chosen, name=name).start()

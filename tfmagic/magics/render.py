@@ -28,6 +28,11 @@ _MAGIC_FORMS = [
     (re.compile(r"replace=True"), "--replace"),
     (re.compile(r"Pass force=True \((%tf_cluster [^)]*)\)"), r"Run \1"),
     (re.compile(r"\(tfmagic\.LocalCluster\(\.\.\.\)\.start\(\)\)"), "(%tf_cluster start)"),
+    (
+        re.compile(r"wait for it or interrupt it \(its PxRun's wait\(\) or interrupt\(\)\), "),
+        "wait for it to end, ",
+    ),
+    (re.compile(r"leave it out with targets="), "leave it out with --targets"),
 ]
 
 
