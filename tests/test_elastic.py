@@ -228,6 +228,32 @@ def test_remove_during_sync_the_next_step_has_the_new_replica_count(two_workers,
     assert step_after < 30
 
 
+def test_sync_shrunk_to_as_many_workers_as_backups_averages_the_one_left_and_says_so(two_workers):
+    """One backup, one of two workers removed: each update averaged nothing (about 460 empty
+    updates a second, loss NaN). Now the backups in effect drop to the workers left, less one,
+    and the event says so."""
+    import math
+
+    import tfmagic
+
+    cluster = two_workers
+    run = tfmagic.train(cluster, "sync", steps=10**6, block=False, backup_workers=1, name="elastic-backups")
+    try:
+        poll_for(lambda: run.history.steps > 10, 120, what="sync with a backup to start stepping")
+        cluster.remove("worker:1", drain=True)
+        n = run.history.steps
+        poll_for(lambda: run.history.steps > n + 5, 30, what="sync steps after the removal")
+        after = [g for g in run.history.global_steps if g.step > n + 1]
+        assert after and all(g.aggregated == ("worker:0",) for g in after), after[:3]
+        assert all(math.isfinite(r.loss) for r in run.history.records[-5:])
+    finally:
+        run.stop()
+        cluster.add("worker")
+    assert run.error is None, run.error
+    left = [e for e in run.history.events if e.kind == "left" and e.task == "worker:1"]
+    assert left and "backup workers 0, not 1: 1 left to compute" in left[0].detail, left
+
+
 def test_twenty_add_remove_cycles_during_async_leave_no_orphan_and_lose_no_update(two_workers):
     import tfmagic
 

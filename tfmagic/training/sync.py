@@ -90,8 +90,14 @@ class SyncLoop:
 
     @property
     def replicas(self) -> int:
-        """Gradients each update averages: the workers taking part, less the backups."""
-        return len(self.policy.members()) - self.backups
+        """Gradients each update averages: the workers taking part, less the backups (at least one:
+        with as many backups as workers left, an update would average nothing)."""
+        return max(1, len(self.policy.members()) - self.backups)
+
+    @property
+    def backups_now(self) -> int:
+        """The backup workers in effect: fewer than asked once removals leave too few workers."""
+        return len(self.policy.members()) - self.replicas
 
     def reconcile(self, t: int) -> None:
         """At a step boundary: a worker leaving with ``drain`` has finished its last step and goes;
@@ -120,6 +126,8 @@ class SyncLoop:
         now = {w.task for w in self.policy.members()}
         if now != self.members:
             n = f"{self.replicas} replicas per update from here"
+            if self.backups_now < self.backups:
+                n += f" (backup workers {self.backups_now}, not {self.backups}: {len(now)} left to compute)"
             for task in sorted(now - self.members):
                 self.history.add_event("joined", task, n, step=t)
             for task in sorted(self.members - now):
