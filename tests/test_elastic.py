@@ -254,6 +254,43 @@ def test_sync_shrunk_to_as_many_workers_as_backups_averages_the_one_left_and_say
     assert left and "backup workers 0, not 1: 1 left to compute" in left[0].detail, left
 
 
+def test_an_add_and_a_remove_at_once_keep_the_spec_and_the_processes_in_step(two_workers):
+    """Run together from two threads they left the spec with 2 workers while the processes held
+    worker:3, and every later status failed. Membership changes now take turns."""
+    import threading
+
+    cluster = two_workers
+    cluster.add("worker")
+    errors: list[Exception] = []
+    for _ in range(3):
+        errors.clear()
+
+        def act(f):
+            try:
+                f()
+            except Exception as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [
+            threading.Thread(target=act, args=(lambda: cluster.add("worker"),)),
+            threading.Thread(
+                target=act, args=(lambda: cluster.remove(cluster.tasks("worker")[-1], drain=True),)
+            ),
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        spec = cluster.cluster_def.as_dict()["worker"]
+        assert len(spec) == len([t for t in cluster.procs if t.job == "worker"]), (spec, list(cluster.procs))
+        assert len(cluster.status()) == cluster.shape.size, errors
+        assert all(p.alive for p in cluster.procs.values())
+        while len(cluster.tasks("worker")) > 3:
+            cluster.remove(cluster.tasks("worker")[-1])
+        while len(cluster.tasks("worker")) < 3:
+            cluster.add("worker")
+
+
 def test_twenty_add_remove_cycles_during_async_leave_no_orphan_and_lose_no_update(two_workers):
     import tfmagic
 

@@ -210,6 +210,8 @@ class Cluster:
         self.started_at: float | None = None
         self.stopped_at: float | None = None
         self._lock = threading.RLock()
+        #: one membership change at a time: an add and a remove at once lost a task (issue 22, item 6)
+        self._membership = threading.Lock()
         self._killed_on_purpose: set[int] = set()
         self.last_outcome: StartOutcome | None = None
         self.slowness: dict[TaskName, float] = {}
@@ -848,13 +850,15 @@ class Cluster:
 
         >>> cluster.add("worker")          # worker:2 joins a 2-worker cluster  # doctest: +SKIP
         """
-        return elastic.add(self, job, count, timeout)
+        with self._membership:
+            return elastic.add(self, job, count, timeout)
 
     def remove(self, task: str | TaskName, drain: bool = False) -> elastic.Removed:
         """End the highest-numbered worker or ps once the runs using it are done with it (see
         :func:`tfmagic.elastic.remove`): a worker's step not yet applied is dropped unless
         ``drain``; a ps's variables are first moved onto the ps that stay."""
-        return elastic.remove(self, task, drain)
+        with self._membership:
+            return elastic.remove(self, task, drain)
 
     # -- inspection ------------------------------------------------------
     def why(self, stacks: bool = False) -> doctor.Diagnosis:
