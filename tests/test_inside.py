@@ -514,32 +514,6 @@ def test_unshaped_clusters_have_no_relay(cluster):
     assert cluster.shaper is None and not cluster.net_models
 
 
-def test_the_ps_bottleneck_experiment():
-    """Run in a fresh Python, as a notebook's kernel would (see test_experiments): its 2 GB
-    limit counts the running process's own memory, and after the suite this test process holds
-    far more than a kernel does (the full run measured 3.3 GB for that reason alone)."""
-    import json
-    import subprocess
-    import sys
-
-    import tfmagic.experiments as ex
-
-    code = (
-        "import json, tfmagic.experiments as ex\n"
-        "r = ex.run('ps-bottleneck', seed=0)\n"
-        "print(r)\n"
-        "print('RESULT ' + json.dumps(dict(holds=r.holds, why=r.why, text=r.text(), seconds=r.seconds,"
-        " peak=r.peak_memory, ratio=r.measured['1 ps over 2 ps'])))\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
-    found = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert done.returncode == 0 and found, (done.returncode, done.stdout[-2000:], done.stderr[-3000:])
-    r = json.loads(found[-1][len("RESULT ") :])
-    assert r["holds"], r["text"]
-    assert 1.6 <= r["ratio"] <= 2.5, r["text"]
-    assert r["seconds"] <= 150 and r["peak"] <= ex.MEMORY_LIMIT, r["text"]
-
-
 def test_netshape_parses_rates_delays_and_specs():
     import doctest
 
