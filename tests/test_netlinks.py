@@ -26,7 +26,7 @@ from tfmagic import netshape, traffic
 from tfmagic.net import free_port
 from tfmagic.netshape import BadNet, LinkModel
 
-from .conftest import SHARED, assert_gone, share
+from .conftest import SHARED, assert_gone, poll_for, share
 
 #: the tolerance of the existing card tests (tests/test_inside.py): measured within [0.85, 1.6] x model
 LOW, HIGH = 0.85, 1.6
@@ -481,3 +481,47 @@ def test_bad_links_are_one_line_and_leave_the_cluster_as_it_was(cluster):
 
 if __name__ == "__main__":
     source_main(int(sys.argv[1]), int(sys.argv[2]))
+
+
+@pytest.mark.cluster
+def test_a_killed_relay_comes_back_on_its_own_and_a_stopped_one_is_named(cluster):
+    """A killed relay stalled training for ever while status said every task ran. It is part of the
+    cluster now: it restarts on the same ports (the ps keeps its variables), status shows it, and the
+    doctor names a stopped relay instead of blaming the ps or a long step."""
+    import signal
+
+    import tfmagic
+    from tfmagic import doctor
+
+    run = tfmagic.train(cluster, "async", model="linear", steps=10**6, block=False, name="relay-dies")
+    try:
+        poll_for(lambda: run.history.steps > 20, 120, what="async training through the relay")
+        old = cluster.shaper.pid
+        os.kill(old, signal.SIGKILL)
+        poll_for(
+            lambda: any(e.kind == "relay" and "restarted as pid" in e.detail for e in cluster.events),
+            15,
+            what="the relay to restart",
+        )
+        assert cluster.shaper.pid != old and cluster.shaper.alive
+        n = run.history.steps
+        poll_for(lambda: run.history.steps > n + 20, 60, what="training to go on through the new relay")
+        assert f"network relay of ps:0: pid {cluster.shaper.pid}, running" in str(cluster.status())
+
+        os.kill(cluster.shaper.pid, signal.SIGSTOP)
+        try:
+            poll_for(lambda: cluster.shaper.state() == "stopped", 5, what="the relay to stop")
+            cause, step = doctor.condition(cluster, tfmagic.TaskName("ps", 0))
+            assert "network relay" in cause and "stopped" in cause and "kill -CONT" in step, cause
+            assert "stopped" in str(cluster.status())
+        finally:
+            os.kill(cluster.shaper.pid, signal.SIGCONT)
+        pid = cluster.restart_relay()
+        n = run.history.steps
+        poll_for(lambda: run.history.steps > n + 20, 60, what="training after restart_relay()")
+        assert_gone([old], timeout=5)
+        assert pid == cluster.shaper.pid
+    finally:
+        run.stop()
+    assert run.error is None, run.error
+    assert cluster.net()  # the relay answers requests again

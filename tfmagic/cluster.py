@@ -435,7 +435,11 @@ class Cluster:
             raise netshape.BadNet("a modelled network (--net) works on local clusters only")
         self._net_procs = procs
         if self.shaper is None or not self.shaper.alive:
-            self.shaper = netshape.Shaper(sources=self._net_sources, owners=traffic.socket_inodes)
+            self.shaper = netshape.Shaper(
+                sources=self._net_sources,
+                owners=traffic.socket_inodes,
+                on_event=lambda said: self.emit("relay", None, said),
+            )
         for t in shaped:
             port = defn.address(t).rsplit(":", 1)[1]
             bind = self.launcher.pick_port(procs[t])
@@ -1017,6 +1021,18 @@ class Cluster:
             slowness=slowness or 1.0,
         )
 
+    def restart_relay(self) -> int:
+        """Start the modelled network's relay again (same ports, cards and links; the tasks keep
+        their state); returns its pid. It restarts by itself when it ends, a few times a minute."""
+        if self.shaper is None:
+            raise netshape.BadNet(
+                "this cluster has no network relay (a modelled network is chosen at start: net=)"
+            )
+        old = self.shaper.pid
+        pid = self.shaper.restart()
+        self.emit("relay", None, f"the network relay (pid {old}) restarted as pid {pid}")
+        return pid
+
     def status(self) -> ClusterStatus:
         """Each task's address, pid, state, CPU %, memory (PSS and RSS) and uptime."""
         defn = self.cluster_def
@@ -1026,6 +1042,10 @@ class Cluster:
         ]
         spares = [self._row("spare", "-", p) for p in self.pool.processes()]
         notes = [] if rows else ["not running"]
+        if self.shaper is not None:
+            notes.append(
+                f"network relay of {', '.join(self.shaper.models)}: pid {self.shaper.pid}, {self.shaper.state()}"
+            )
         notes.append("security: " + self.launcher.security_note())
         return ClusterStatus(
             name=self.name, shape=self.shape.describe(), tasks=rows, spares=spares, notes=notes

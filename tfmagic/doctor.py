@@ -215,6 +215,16 @@ def condition(cluster, task: TaskName) -> tuple[str, str]:
             "its process runs but does not answer tfmagic's channel (busy in a long native call, or stuck)",
             "%tf_cluster why --stacks",
         )
+    shaper = getattr(cluster, "shaper", None)
+    if shaper is not None and str(task) in shaper.models and shaper.state() != "running":
+        state = shaper.state()
+        return (
+            f"its network relay (pid {shaper.pid}) is {state}: nothing crosses {task}'s modelled card, "
+            "though the task itself is fine",
+            f"kill -CONT {shaper.pid}, or %tf_cluster restart relay"
+            if state == "stopped"
+            else "%tf_cluster restart relay (the task and its variables are kept)",
+        )
     address = cluster.cluster_def.address(task) if cluster.cluster_def else None
     if address and not net.port_answers(address, timeout=1.0):
         return (f"nothing listens on {address}: its server is not up", f"%tf_cluster restart {task} --force")

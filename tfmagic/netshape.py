@@ -351,17 +351,15 @@ class Shaper:
         self,
         sources: Callable[[], dict[int, str]] | None = None,
         owners: Callable[[set[int]], dict[int, int]] | None = None,
+        on_event: Callable[[str], None] | None = None,
     ) -> None:
-        from .launchers.process import spawn
-
-        self.proc = spawn(
-            [sys.executable, "-m", "tfmagic.shaper_main"],
-            stdin=-1,
-            stdout=-1,
-            stderr=None,
-            env=_env(),
-        )
-        self.pid = self.proc.pid
+        #: told, in a sentence, when the relay process ends on its own and what was done about it
+        self.on_event = on_event
+        self._restarts: list[float] = []
+        #: each relayed task: (the port the relay listens on, where the task serves)
+        self.given_routes: dict[str, tuple[int, str]] = {}
+        self._closing = False
+        self._spawn()
         #: each relayed task's card
         self.models: dict[str, LinkModel] = {}
         #: each link rule: (source pattern, relayed task) -> model
@@ -374,17 +372,75 @@ class Shaper:
         self._ask_lock = threading.Lock()
         self._write_lock = threading.Lock()
         self._count_lock = threading.Lock()
-        self._replies: queue.Queue = queue.Queue()
         self._ids = itertools.count(1)
-        self._reader = threading.Thread(target=self._read, name=f"tfmagic-shaper-{self.pid}", daemon=True)
-        self._reader.start()
         from . import owner
 
         owner.register(self)
 
+    def _spawn(self) -> None:
+        from .launchers.process import spawn
+
+        self.proc = spawn(
+            [sys.executable, "-m", "tfmagic.shaper_main"],
+            stdin=-1,
+            stdout=-1,
+            stderr=None,
+            env=_env(),
+        )
+        self.pid = self.proc.pid
+        self._replies: queue.Queue = queue.Queue()
+        proc = self.proc
+        self._reader = threading.Thread(
+            target=self._read, args=(proc, self._replies), name=f"tfmagic-shaper-{self.pid}", daemon=True
+        )
+        self._reader.start()
+
     @property
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    def state(self) -> str:
+        """``running``, ``stopped`` (SIGSTOP: it passes nothing) or ``ended (exit code N)``."""
+        code = self.proc.poll()
+        if code is not None:
+            return f"ended (exit code {code})"
+        try:
+            with open(f"/proc/{self.pid}/stat") as f:
+                run_state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return "running"
+        return "stopped" if run_state in ("T", "t") else "running"
+
+    def restart(self) -> int:
+        """A new relay process on the same ports with the same cards and links; returns its pid.
+
+        The tasks keep running and keep their state: only the connections through the old relay
+        are cut, and TensorFlow connects again through the new one.
+        """
+        with self._ask_lock:
+            self._closing = True
+            try:
+                self.proc.kill()
+            except OSError:
+                pass
+            try:
+                self.proc.wait(5)
+            except Exception:  # noqa: BLE001 - SIGKILLed; reaped later
+                pass
+            self._close_streams()
+            from . import owner
+
+            owner.forget(self)  # known by pid
+            self._spawn()
+            owner.register(self)
+            self._closing = False
+        for name, (listen, target) in self.given_routes.items():
+            self._ask(op="route", name=name, listen=listen, target=target)
+            model = self.models[name]
+            self._ask(op="shape", name=name, rate=model.rate, delay=model.delay)
+        for (source, name), model in self.links.items():
+            self._ask(op="link", name=name, source=source, rate=model.rate, delay=model.delay)
+        return self.pid
 
     # -- talking to the relay ------------------------------------------------------
     def _write(self, msg: dict) -> None:
@@ -392,10 +448,10 @@ class Shaper:
             self.proc.stdin.write((json.dumps(msg) + "\n").encode())
             self.proc.stdin.flush()
 
-    def _read(self) -> None:
+    def _read(self, proc, replies: queue.Queue) -> None:
         """The relay's lines: answers to requests, and ``who`` asks, answered here."""
         try:
-            for line in self.proc.stdout:
+            for line in proc.stdout:
                 try:
                     msg = json.loads(line)
                 except ValueError:
@@ -405,10 +461,40 @@ class Shaper:
                         target=self._answer_who, args=(msg,), name="tfmagic-shaper-who", daemon=True
                     ).start()
                 else:
-                    self._replies.put(msg)
+                    replies.put(msg)
         except (OSError, ValueError):
             pass
-        self._replies.put(None)
+        replies.put(None)
+        if proc is self.proc and not self._closing:
+            try:
+                code = proc.wait(5)
+            except Exception:  # noqa: BLE001 - its output closed first; the code may come later
+                code = proc.poll()
+            self._ended(proc.pid, code)
+
+    #: restarts of a relay that ended on its own, at most this many a minute (then it stays down)
+    RESTARTS_PER_MINUTE = 3
+
+    def _ended(self, pid: int, code: int | None) -> None:
+        """The relay ended without kill() (killed by someone, crashed): start it again, same ports,
+        same models; the tasks behind it lose nothing. A relay that keeps ending stays down."""
+        now = time.monotonic()
+        self._restarts = [t for t in self._restarts if now - t < 60]
+        ended = f"the network relay (pid {pid}) ended (exit code {code})"
+        if len(self._restarts) >= self.RESTARTS_PER_MINUTE:
+            said = (
+                f"{ended}, its {len(self._restarts) + 1}th end within a minute: it stays down, and "
+                f"connections to {', '.join(self.models)} fail until cluster.restart_relay()"
+            )
+        else:
+            self._restarts.append(now)
+            try:
+                new = self.restart()
+                said = f"{ended}; restarted as pid {new} on the same ports, with the same cards and links"
+            except Exception as exc:  # noqa: BLE001 - said, and the doctor names the relay
+                said = f"{ended} and did not start again ({exc}); cluster.restart_relay() tries again"
+        if self.on_event is not None:
+            self.on_event(said)
 
     def _answer_who(self, msg: dict) -> None:
         try:
@@ -469,6 +555,7 @@ class Shaper:
     def route(self, name: str, listen: int, target: str, model: LinkModel) -> None:
         """Relay ``listen`` (the task's address in the cluster) to ``target`` (where it serves)."""
         self._ask(op="route", name=name, listen=listen, target=target)
+        self.given_routes[name] = (listen, target)
         self._ask(op="shape", name=name, rate=model.rate, delay=model.delay)
         self.models[name] = model
 
@@ -511,6 +598,7 @@ class Shaper:
         return NetModels(rows)
 
     def kill(self) -> None:
+        self._closing = True
         if self.alive:
             try:
                 self.proc.kill()
@@ -520,14 +608,17 @@ class Shaper:
             self.proc.wait(5)
         except Exception:  # noqa: BLE001 - it was SIGKILLed; the keeper reaps what remains
             pass
+        self._close_streams()
+        from . import owner
+
+        owner.forget(self)
+
+    def _close_streams(self) -> None:
         for stream in (self.proc.stdin, self.proc.stdout):
             try:
                 stream.close()
             except OSError:
                 pass
-        from . import owner
-
-        owner.forget(self)
 
 
 def _row(kind: str, src: str | None, dst: str, model: LinkModel, to_task: int, from_task: int) -> dict:

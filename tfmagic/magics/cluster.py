@@ -391,10 +391,19 @@ class ClusterMagics(Magics):
         print(f"Killed {task} (pid {pid}). %tf_cluster restart {task} brings it back.")
 
     @verb("start a task again on its old address (--force replaces one that still runs, losing its state)")
-    @arg("task", nargs="?", default=None, help="worker:1")
+    @arg("task", nargs="?", default=None, help="worker:1, or relay (the modelled network's relay)")
     @arg("--force", action="store_true", help="replace a task that is still running")
     def cmd_restart(self, args):
         cluster = _need_cluster("restart")
+        if args.task == "relay":  # the modelled network's relay process, not a task
+            try:
+                pid = cluster.restart_relay()
+            except TfmagicError as exc:
+                raise UsageError(render.as_magic(str(exc))) from None
+            print(
+                f"Restarted the network relay (pid {pid}) on the same ports, with the same cards and links."
+            )
+            return
         task = _task(cluster, args.task, "restart")
         try:
             outcome = cluster.restart(task, force=args.force)

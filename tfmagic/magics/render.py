@@ -23,6 +23,7 @@ _MAGIC_FORMS = [
     (re.compile(r"cluster\.logs\('([^']+)'\)"), r"%tf_cluster logs \1"),
     (re.compile(r"cluster\.slow\('([^']+)', ([0-9.]+)\)"), r"%tf_cluster slow \1 --factor \2"),
     (re.compile(r"cluster\.why\(\)"), "%tf_cluster why"),
+    (re.compile(r"cluster\.restart_relay\(\)"), "%tf_cluster restart relay"),
     (re.compile(r"cluster\.start\(\)"), "%tf_cluster start"),
     (re.compile(r"session\.stop\(\)"), "%tf_cluster stop"),
     (re.compile(r"replace=True"), "--replace"),
