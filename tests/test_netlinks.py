@@ -514,6 +514,10 @@ def test_a_killed_relay_comes_back_on_its_own_and_a_stopped_one_is_named(cluster
             cause, step = doctor.condition(cluster, tfmagic.TaskName("ps", 0))
             assert "network relay" in cause and "stopped" in cause and "kill -CONT" in step, cause
             assert "stopped" in str(cluster.status())
+            t0 = time.monotonic()
+            with pytest.raises(BadNet, match=r"is stopped \(SIGSTOP\).*kill -CONT") as err:
+                cluster.net()
+            assert time.monotonic() - t0 < 2 and "\n" not in str(err.value)
         finally:
             os.kill(cluster.shaper.pid, signal.SIGCONT)
         pid = cluster.restart_relay()

@@ -528,12 +528,21 @@ class Shaper:
     def _ask(self, **msg) -> dict:
         with self._ask_lock:
             if not self.alive:
-                raise BadNet(f"the network relay (pid {self.pid}) has ended; restart the cluster")
+                raise BadNet(
+                    f"the network relay (pid {self.pid}) has ended; cluster.restart_relay() starts it"
+                )
+            if self.state() == "stopped":  # it would not answer: say so now, not after ASK_TIMEOUT_S
+                raise BadNet(
+                    f"the network relay (pid {self.pid}) is stopped (SIGSTOP) and passes nothing; "
+                    f"continue it (kill -CONT {self.pid}) or cluster.restart_relay()"
+                )
             msg["id"] = ask = next(self._ids)
             try:
                 self._write(msg)
             except (OSError, ValueError):
-                raise BadNet(f"the network relay (pid {self.pid}) has ended; restart the cluster") from None
+                raise BadNet(
+                    f"the network relay (pid {self.pid}) has ended; cluster.restart_relay() starts it"
+                ) from None
             deadline = time.monotonic() + ASK_TIMEOUT_S
             while True:
                 try:

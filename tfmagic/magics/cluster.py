@@ -367,7 +367,10 @@ class ClusterMagics(Magics):
                 raise UsageError(
                     "net needs a card or link to change, e.g. %tf_cluster net worker:0->ps:0 --rate 10mbit"
                 )
-            print(cluster.net())
+            try:
+                print(cluster.net())
+            except TfmagicError as exc:
+                raise UsageError(render.as_magic(str(exc))) from None
             return
         target = unquote(args.target)
         try:
