@@ -156,6 +156,19 @@ def test_a_run_on_a_stopped_cluster_ends_within_2_s_saying_why(kernel):
 
 @pytest.mark.kernel
 @pytest.mark.cluster
+def test_interrupting_an_add_is_one_line_and_leaves_the_cluster_as_it_was(kernel):
+    """It showed a raw KeyboardInterrupt traceback."""
+    kernel.ok("%tf_cluster start --ps 1 --workers 2 --replace", timeout=180)
+    before = kernel.value(TASK_PIDS)
+    reply = kernel.run("%tf_cluster add worker", timeout=60, interrupt_after=0.5)  # no spares: seconds
+    _no_wall(reply)
+    assert "Interrupted" in reply.text and "as it was" in reply.text, reply.text
+    assert kernel.value(TASK_PIDS) == before
+    assert kernel.value("tfmagic.current_cluster().shape.workers") == 2
+
+
+@pytest.mark.kernel
+@pytest.mark.cluster
 def test_an_interrupted_cell_on_a_stopped_task_does_not_wedge_a_restart(kernel):
     kernel.ok("%tf_cluster start --ps 1 --workers 2 --replace", timeout=180)
     kernel.ok("%%tf_device worker:0\nx = tf.constant(1.0) + 1")

@@ -430,6 +430,13 @@ class ClusterMagics(Magics):
             raise UsageError("add needs a job, for example: %tf_cluster add worker --count 1")
         try:
             outcome = cluster.add(unquote(args.job), count=args.count)
+        except KeyboardInterrupt:
+            print(
+                f"Interrupted: the tasks being added were stopped; the cluster is as it was "
+                f"({cluster.shape.describe()}).",
+                file=sys.stderr,
+            )
+            return
         except ClusterStartError as exc:
             if exc.log_tail:
                 print(f"--- last lines of {exc.task}'s log ---\n{exc.log_tail}", file=sys.stderr)
