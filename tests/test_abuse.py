@@ -464,6 +464,7 @@ FILES = _files()
         ("%tf_cluster logs worker:0 --tail -5", "too small"),
         ("%tf_cluster start --timeout nan --replace", "not a finite number"),
         ("%tf_cluster start --backend ssh --hosts no-such-host.invalid --replace", "does not resolve here"),
+        ('%tf_cluster start --net "ps:0 rate=fast" --replace', "is not a rate"),
         ("%tf_dashboard --refresh nan", "not a finite number"),
         ("%tf_train --lr inf", "not a finite number"),
         ("%%tf_device worker:\u0661\nx = 1", "is not a task name"),
@@ -474,8 +475,10 @@ FILES = _files()
 )
 def test_bad_input_is_one_line_in_magic_syntax_and_leaves_the_cluster(started, line, expect):
     before = started.value(TASK_PIDS)
-    msg = _usage_line(started.run(line))
+    reply = started.run(line)
+    msg = _usage_line(reply)
     assert expect in msg, msg
+    assert not reply.displays, "no progress table before the error"
     assert "cluster.restart(" not in msg and "force=True" not in msg, "magic syntax, not the API's"
     assert started.value(TASK_PIDS) == before
 

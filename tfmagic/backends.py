@@ -164,6 +164,12 @@ def backend(name: str) -> Backend:
 
 def build(request: ClusterRequest) -> Cluster:
     """A cluster for ``request``, checked but not started (raises what can be known now)."""
+    return check(request).make(request)
+
+
+def check(request: ClusterRequest) -> Backend:
+    """Everything about ``request`` that can be checked without a process or a host: its backend,
+    options, shape, pace and network (one line each). Returns the backend that will build it."""
     chosen = backend(request.backend)
     given = {
         name
@@ -192,4 +198,9 @@ def build(request: ClusterRequest) -> Cluster:
         raise BadClusterShape(
             f"{len(request.gpus)} GPU entries for {request.workers} workers; give one per worker, or one for all"
         )
-    return chosen.make(request)
+    request.shape  # noqa: B018 - raises BadClusterShape for counts that make no cluster
+    if chosen.name == "ssh" and _ssh_hosts(request):
+        from .launchers.ssh import check_hosts
+
+        check_hosts(_ssh_hosts(request), request.ssh_config)
+    return chosen

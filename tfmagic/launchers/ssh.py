@@ -86,6 +86,16 @@ def resolve(destination: str, ssh: Sequence[str]) -> tuple[str, str]:
     return hostname, port
 
 
+def check_hosts(hosts: Sequence[str], ssh_config: str | os.PathLike | None = None, ssh: str = "ssh") -> None:
+    """Each host is one ``ssh`` understands and whose name resolves here (see :func:`resolve`);
+    checked before a start shows progress or ``replace`` stops the running cluster."""
+    exe = shutil.which(ssh)
+    if exe is None:
+        raise ClusterStartError(f"the ssh client ({ssh!r}) is not installed here; install openssh-client")
+    for host in hosts:
+        resolve(host, [exe, *(["-F", os.fspath(ssh_config)] if ssh_config else [])])
+
+
 class SSHLauncher(PopenLauncher):
     """Starts task processes on SSH hosts; tasks are placed round-robin over ``hosts``.
 

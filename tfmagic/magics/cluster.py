@@ -11,7 +11,7 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.display import display
 
 from .. import owner, session
-from ..backends import BACKENDS, ClusterRequest
+from ..backends import BACKENDS, ClusterRequest, check
 from ..errors import ClusterRunning, ClusterStartError, TfmagicError
 from ..pool import default_pool, parse_bytes
 from ..procstats import human_bytes, memory_of
@@ -155,6 +155,10 @@ class ClusterMagics(Magics):
                 f"--gpus has {len(request.gpus)} entries for {shape.workers} workers; "
                 "give one per worker separated by '/', or one for all"
             )
+        try:  # what can be checked without a process, before any progress is shown
+            check(request)
+        except TfmagicError as exc:
+            raise UsageError(render.as_magic(str(exc))) from None
         sess = session.default()
         try:
             if sess.running() is not None and not args.replace:
