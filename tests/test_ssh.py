@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -185,14 +186,29 @@ def test_slow_kill_restart_on_a_remote_task(ssh_cluster):
         assert float(tf.reduce_sum(tf.ones(3)).numpy()) == 3.0
 
 
-def test_a_host_that_cannot_be_reached_says_what_to_do_and_leaves_nothing(loop_host, no_leaks):
+def test_a_host_that_cannot_be_reached_says_what_to_do_and_leaves_nothing(loop_host, no_leaks, tmp_path):
+    # a name that does not resolve: refused before anything starts (or, with replace, stops)
+    with pytest.raises(
+        ClusterStartError, match=r"'nosuchhost.invalid' \(nosuchhost.invalid\) does not resolve"
+    ):
+        tfmagic.SSHCluster(
+            ["nosuchhost.invalid"], ps=0, workers=1, python=sys.executable, ssh_config=loop_host.config
+        )
+    # a name that resolves, where no sshd answers: the start names the task and the command to try
+    from tfmagic.net import free_port
+
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        f"Host closedhost\n  HostName 127.0.0.1\n  Port {free_port()}\n\n"
+        + Path(loop_host.config).read_text()
+    )
     cluster = tfmagic.SSHCluster(
-        ["nosuchhost.invalid"], ps=0, workers=1, python=sys.executable, ssh_config=loop_host.config
+        ["closedhost"], ps=0, workers=1, python=sys.executable, ssh_config=str(config)
     )
     with pytest.raises(ClusterStartError) as err:
         cluster.start(timeout=60)
     msg = str(err.value)
-    assert "worker:0" in msg and "ssh nosuchhost.invalid true" in msg, msg
+    assert "worker:0" in msg and "ssh closedhost true" in msg, msg
     assert not cluster.procs
 
 
