@@ -529,3 +529,39 @@ def test_a_killed_relay_comes_back_on_its_own_and_a_stopped_one_is_named(cluster
         run.stop()
     assert run.error is None, run.error
     assert cluster.net()  # the relay answers requests again
+
+
+@pytest.mark.cluster
+def test_a_rule_undone_applies_at_once_to_the_bytes_already_waiting():
+    """1 kbit for a second, then 100 mbit: training resumed only after 77.5 s (the debt built at
+    1 kbit); a delay of an hour, then none: queued bytes kept their one-hour release. A change of
+    rule now applies to what waits."""
+    task = Task()
+    shaper = netshape.Shaper(sources=lambda: {os.getpid(): "kernel"}, owners=traffic.socket_inodes)
+    port = free_port()
+    try:
+        shaper.route("ps:0", port, f"127.0.0.1:{task.port}", LinkModel(netshape.parse_rate("1kbit"), 0.0))
+
+        def exchange(size: int, change) -> float:
+            t0 = time.perf_counter()
+            with socket.create_connection(("127.0.0.1", port)) as s:
+                s.sendall(b"x" * size)
+                s.shutdown(socket.SHUT_WR)
+                time.sleep(1.0)
+                change()
+                got = 0
+                while chunk := s.recv(1 << 16):
+                    got += len(chunk)
+            assert got == size
+            return time.perf_counter() - t0
+
+        # 20 kB at 1 kbit would take 160 s each way
+        took = exchange(20_000, lambda: shaper.shape("ps:0", LinkModel(netshape.parse_rate("100mbit"), 0.0)))
+        assert took < 4, took
+        shaper.shape("ps:0", LinkModel(None, 3600.0))
+        took = exchange(1, lambda: shaper.shape("ps:0", LinkModel(None, 0.0)))
+        assert took < 4, took
+    finally:
+        shaper.kill()
+        task.close()
+    assert_gone([shaper.pid], timeout=10)

@@ -73,23 +73,44 @@ class Bucket:
         self.rate: float | None = None
         self.free_at = 0.0
         self.bytes = 0
+        #: bumped by every change of rate; a chunk waiting on the old rate reserves again
+        self.generation = 0
+
+    def set_rate(self, rate: float | None) -> None:
+        """A new rate applies to the bytes already waiting too: the debt built at the old rate
+        (seconds of it at 1 kbit) is dropped, and the waiting chunks reserve again."""
+        if rate == self.rate:
+            return
+        self.rate = rate
+        self.free_at = 0.0
+        self.generation += 1
 
     def reserve(self, n: int, now: float) -> float:
-        """Count ``n`` bytes; the time they have passed (``now`` without a rate)."""
-        self.bytes += n
+        """The time ``n`` bytes have passed (``now`` without a rate)."""
         if not self.rate:
             return now
         self.free_at = max(self.free_at, now) + n / self.rate
         return self.free_at
 
 
+#: how often a waiting chunk looks whether its rate or delay changed
+RECHECK_S = 0.05
+
+
 async def cross(n: int, *buckets: Bucket) -> None:
     """Pass ``n`` bytes through every bucket at once: they go when the slowest has room."""
-    now = time.monotonic()
-    until = max(b.reserve(n, now) for b in buckets)
-    wait = until - now - BURST_S
-    if wait > 0:
-        await asyncio.sleep(wait)
+    for b in buckets:
+        b.bytes += n
+    while True:
+        now = time.monotonic()
+        generations = [b.generation for b in buckets]
+        until = max(b.reserve(n, now) for b in buckets)
+        while (left := until - time.monotonic() - BURST_S) > 0:
+            await asyncio.sleep(min(left, RECHECK_S))
+            if [b.generation for b in buckets] != generations:
+                break
+        else:
+            return
 
 
 class Model:
@@ -101,7 +122,8 @@ class Model:
         self.delay = 0.0
 
     def set(self, rate: float | None, delay: float) -> None:
-        self.inbound.rate = self.outbound.rate = float(rate) if rate else None
+        for bucket in (self.inbound, self.outbound):
+            bucket.set_rate(float(rate) if rate else None)
         self.delay = float(delay or 0.0)
 
     def stats(self) -> dict:
@@ -204,15 +226,18 @@ class Route:
         line: asyncio.Queue = asyncio.Queue()
         card = getattr(self.card, way)
 
+        def delay() -> float:  # read when delivering: a new delay applies to bytes already queued
+            link = conn.link
+            return self.card.delay + (link.delay if link is not None else 0.0)
+
         async def deliver() -> None:
             while True:
                 item = await line.get()
                 if item is None:
                     break
-                due, data = item
-                left = due - time.monotonic()
-                if left > 0:
-                    await asyncio.sleep(left)
+                sent, data = item
+                while (left := sent + delay() - time.monotonic()) > 0:
+                    await asyncio.sleep(min(left, RECHECK_S))
                 dst.write(data)
                 await dst.drain()
 
@@ -227,11 +252,9 @@ class Route:
                 link = conn.link
                 if link is None:
                     await cross(len(data), card)
-                    delay = self.card.delay
                 else:
                     await cross(len(data), card, getattr(link, way))
-                    delay = self.card.delay + link.delay
-                await line.put((time.monotonic() + delay, data))
+                await line.put((time.monotonic(), data))
         except (ConnectionError, OSError):
             pass
         finally:
