@@ -374,6 +374,38 @@ def test_a_ps_added_while_idle_takes_the_next_runs_variables_and_an_ended_runs_m
     assert left and "moved in" in left[0].detail and "not stepping" in left[0].detail, left
 
 
+def test_a_stopped_ps_is_not_removed_with_its_variables(two_workers):
+    """Removing a SIGSTOPped ps ended it without moving its variables, and an async run training
+    with them stayed 'training' with no progress. It is refused, in one line, saying what to do."""
+    import os
+    import signal
+
+    import tfmagic
+    from tfmagic.errors import TfmagicError
+
+    cluster = two_workers
+    cluster.add("ps")
+    run = tfmagic.train(cluster, "async", steps=10**6, block=False, name="elastic-stopped-ps")
+    pid = cluster.procs["ps:1"].pid
+    try:
+        poll_for(lambda: run.history.steps > 10, 120, what="async to start stepping")
+        os.kill(pid, signal.SIGSTOP)
+        poll_for(lambda: cluster.condition("ps:1").startswith("stopped"), 10, what="ps:1 to stop")
+        with pytest.raises(TfmagicError, match=r"ps:1 is stopped.*cannot hand over its variables") as err:
+            cluster.remove("ps:1")
+        assert "\n" not in str(err.value) and f"kill -CONT {pid}" in str(err.value)
+        assert cluster.shape.ps == 2 and cluster.procs["ps:1"].pid == pid
+        os.kill(pid, signal.SIGCONT)
+        n = run.history.steps
+        poll_for(lambda: run.history.steps > n + 10, 60, what="training to go on once ps:1 continues")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        run.stop()
+    assert run.error is None, run.error
+    cluster.remove("ps:1")  # answering again: its variables move off first
+    assert_gone([pid])
+
+
 def test_ssh_cluster_grows_and_shrinks_in_place(no_leaks):
     """The same path through the SSH launcher: a private sshd on loopback (tests/sshhosts.py)."""
     import sys

@@ -361,7 +361,15 @@ def remove(cluster, task: str | TaskName, drain: bool = False, timeout: float = 
             f"only the highest-numbered {t.job} can be removed ({last}), so the other tasks keep their "
             f"indices; remove {last} instead"
         )
-    # a ps that is gone (or does not answer) took its variables with it: nothing to move, nothing to lose
+    if t.job == "ps" and cluster.procs[t].alive and not _answers(cluster, t):
+        # it still holds its variables and cannot hand them over: ending it would lose them, and a
+        # run training with them would wait on them for ever
+        raise BadClusterShape(
+            f"{t} is {cluster.condition(t)} and cannot hand over its variables; continue it "
+            f"(kill -CONT {cluster.procs[t].task_pid}) and remove it again, or kill it first "
+            f"(cluster.kill('{t}')) to give its variables up"
+        )
+    # a ps that is gone took its variables with it: nothing to move, nothing to lose
     moving = t.job == "ps" and _answers(cluster, t)
     if moving:
         _check_ps_can_go(cluster, t)

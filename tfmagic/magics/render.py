@@ -21,6 +21,7 @@ _MAGIC_FORMS = [
     (re.compile(r"cluster\.restart\('([^']+)', force=True\)"), r"%tf_cluster restart \1 --force"),
     (re.compile(r"cluster\.restart\('([^']+)'\)"), r"%tf_cluster restart \1"),
     (re.compile(r"cluster\.logs\('([^']+)'\)"), r"%tf_cluster logs \1"),
+    (re.compile(r"cluster\.kill\('([^']+)'\)"), r"%tf_cluster kill \1"),
     (re.compile(r"cluster\.slow\('([^']+)', ([0-9.]+)\)"), r"%tf_cluster slow \1 --factor \2"),
     (re.compile(r"cluster\.why\(\)"), "%tf_cluster why"),
     (re.compile(r"cluster\.restart_relay\(\)"), "%tf_cluster restart relay"),
