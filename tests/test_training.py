@@ -503,6 +503,9 @@ def test_an_event_after_the_runs_last_update_is_refused_in_one_line(c3):
         with pytest.raises(TrainingError, match=r"after the run's last update \(100\)") as err:
             start()
         assert "\n" not in str(err.value)
+    with pytest.raises(TrainingError, match=r"a scheduled restart of ps:0 would end the run") as err:
+        tfmagic.train(c3, "async", model="linear", steps=100, events="50: restart ps:0", block=False)
+    assert "\n" not in str(err.value) and "50: kill ps:0" in str(err.value)
     run = tfmagic.train(c3, "async", model="linear", steps=20, events="20: slow worker:1 1", block=False)
     run.wait(120)
     assert [(str(e), e.done) for e in run.scheduled.events] == [("20: slow worker:1 1", True)]

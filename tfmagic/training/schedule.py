@@ -71,6 +71,12 @@ def make(step: int, verb: str, task, arg, cluster) -> Scheduled:
             raise TrainingError(f"slow {t} {arg}: the factor is a number >= 1 (1 restores full speed)")
     elif arg is not None:
         raise TrainingError(f"{verb} {t} takes no number ({arg!r})")
+    if verb == "restart" and t.job == "ps":
+        # a live ps restarted is a new, empty one: the run's variables go with the old process
+        raise TrainingError(
+            f"a scheduled restart of {t} would end the run (its variables go with the old process); "
+            f"schedule '{step}: kill {t}' to show a lost ps, or restart a worker"
+        )
     return Scheduled(step, verb, t, factor)
 
 
