@@ -71,6 +71,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .errors import BadNet
+from .sockets import connection_inode
 
 __all__ = ["BadNet", "LinkModel", "NetModels", "Shaper", "parse_net", "parse_rate", "parse_target"]
 
@@ -300,41 +301,6 @@ class NetModels:
         p.text(str(self))
 
 
-def socket_inode(local: tuple[str, int], remote: tuple[str, int]) -> int | None:
-    """The inode of the TCP socket bound to ``local`` and connected to ``remote`` (from ``/proc/net/tcp``, ``tcp6``)."""
-    import socket
-
-    want_port = f"{local[1]:04X}"
-    want = (_plain(local[0]), local[1], _plain(remote[0]), remote[1])
-    for table, family in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
-        try:
-            with open(table) as f:
-                next(f, None)
-                for row in f:
-                    parts = row.split()
-                    if len(parts) < 10 or not parts[1].endswith(want_port):
-                        continue
-                    if (*_address(parts[1], family), *_address(parts[2], family)) == want:
-                        return int(parts[9])
-        except OSError:
-            continue
-    return None
-
-
-def _address(text: str, family: int) -> tuple[str, int]:
-    """``0100007F:1F90`` -> (``127.0.0.1``, 8080): /proc/net/tcp writes each 32-bit word in host order."""
-    import socket
-
-    hexip, _, hexport = text.partition(":")
-    raw = bytes.fromhex(hexip)
-    raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4)) if sys.byteorder == "little" else raw
-    return _plain(socket.inet_ntop(family, raw)), int(hexport, 16)
-
-
-def _plain(host: str) -> str:
-    return host.removeprefix("::ffff:")
-
-
 #: how long a request to the relay may take before the relay is said not to answer
 ASK_TIMEOUT_S = 10.0
 
@@ -515,7 +481,7 @@ class Shaper:
         t0 = time.perf_counter()
         try:
             sources = self._sources()
-            inode = socket_inode((peer[0], int(peer[1])), (local[0], int(local[1])))
+            inode = connection_inode((peer[0], int(peer[1])), (local[0], int(local[1])))
             if not inode:  # no row, or a row no process holds (TIME_WAIT, FIN_WAIT: inode 0)
                 return CLOSED
             pid = self._owners(set(sources)).get(inode)

@@ -55,6 +55,7 @@ from pathlib import Path
 from . import owner
 from .metrics import Evaluation, GlobalStep, History, StepRecord
 from .net import free_port
+from .sockets import holder, listening_inodes
 
 __all__ = ["TensorBoard", "Writer", "show", "write"]
 
@@ -201,34 +202,9 @@ _lock = threading.Lock()
 
 
 def _listener_pid(port: int) -> int | None:
-    """The pid of the process whose socket listens on 127.0.0.1:``port`` (None: none that we can see).
-
-    Read from ``/proc/net/tcp`` (state 0A, LISTEN) and the processes' descriptors:
-    a socket of another user's process is not readable, and counts as nobody's.
-    """
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            rows = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            fields = row.split()
-            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(int(fields[9]))
-    if not inodes:
-        return None
-    for pid_dir in Path("/proc").iterdir():
-        if not pid_dir.name.isdigit():
-            continue
-        try:
-            for fd in (pid_dir / "fd").iterdir():
-                link = os.readlink(fd)
-                if link.startswith("socket:[") and int(link[8:-1]) in inodes:
-                    return int(pid_dir.name)
-        except (OSError, ValueError):
-            continue
-    return None
+    """The pid of the process whose socket listens on ``port`` (None: none whose descriptors we can
+    read; another user's socket counts as nobody's)."""
+    return holder(listening_inodes(port))
 
 
 def _tree(pid: int) -> set[int]:

@@ -28,6 +28,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .gilshare import yielding
+from .sockets import socket_inodes
 
 _ADDR = re.compile(r"^(.*):([0-9]+)$")
 _PID = re.compile(r"pid=([0-9]+)")
@@ -94,32 +95,6 @@ def parse_ss(output: str, pids: set[int] | None = None, owners: dict[int, int] |
             )
         )
     return out
-
-
-def socket_inodes(pids: set[int]) -> dict[int, int]:
-    """Socket inode -> pid, for the sockets ``pids`` hold (read from ``/proc/PID/fd``).
-
-    ``ss -p`` finds the owner of every socket by reading the descriptors of
-    every process on the machine; the meter only needs the cluster's own few
-    processes, so it reads theirs alone and asks ``ss`` for inodes (``-e``).
-    """
-    import os
-
-    found: dict[int, int] = {}
-    for pid in pids:
-        fd_dir = f"/proc/{pid}/fd"
-        try:
-            names = os.listdir(fd_dir)
-        except OSError:
-            continue
-        for name in names:
-            try:
-                target = os.readlink(f"{fd_dir}/{name}")
-            except OSError:
-                continue
-            if target.startswith("socket:["):
-                found[int(target[8:-1])] = pid
-    return found
 
 
 def own_sockets(pids: set[int] | None = None) -> list[Socket]:
