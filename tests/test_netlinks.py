@@ -565,3 +565,44 @@ def test_a_rule_undone_applies_at_once_to_the_bytes_already_waiting():
         shaper.kill()
         task.close()
     assert_gone([shaper.pid], timeout=10)
+
+
+@pytest.mark.cluster
+def test_a_sender_faster_than_its_receiver_does_not_grow_the_relay():
+    """800 MB sent to an unlimited card's port grew the relay by 840 MB, for good. Now the relay
+    stops reading a sender while the line to the receiver is full, and TCP holds the sender back."""
+    import psutil
+
+    holder = socket.create_server(("127.0.0.1", 0))  # accepts, never reads
+    held = []
+    threading.Thread(target=lambda: held.append(holder.accept()[0]), daemon=True).start()
+    shaper = netshape.Shaper(sources=lambda: {}, owners=traffic.socket_inodes)
+    port = free_port()
+    try:
+        shaper.route("ps:0", port, f"127.0.0.1:{holder.getsockname()[1]}", LinkModel())
+        before = psutil.Process(shaper.pid).memory_info().rss
+        sent = [0]
+
+        def flood() -> None:
+            with socket.create_connection(("127.0.0.1", port)) as s:
+                s.settimeout(4.0)
+                chunk = b"x" * (1 << 20)
+                try:
+                    while sent[0] < 400 << 20:
+                        s.sendall(chunk)
+                        sent[0] += len(chunk)
+                except OSError:  # the timeout: the sender is held back
+                    pass
+
+        sender = threading.Thread(target=flood, daemon=True)
+        sender.start()
+        sender.join(30)
+        grown = psutil.Process(shaper.pid).memory_info().rss - before
+        assert sent[0] < 100 << 20, f"the sender was not held back: {sent[0] >> 20} MB went"
+        assert grown < 40 << 20, f"the relay grew by {grown >> 20} MB for {sent[0] >> 20} MB sent"
+    finally:
+        shaper.kill()
+        holder.close()
+        for conn in held:
+            conn.close()
+    assert_gone([shaper.pid], timeout=10)
