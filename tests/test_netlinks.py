@@ -606,3 +606,29 @@ def test_a_sender_faster_than_its_receiver_does_not_grow_the_relay():
         for conn in held:
             conn.close()
     assert_gone([shaper.pid], timeout=10)
+
+
+@pytest.mark.cluster
+def test_a_burst_of_connections_costs_a_few_lookup_threads_not_one_each():
+    """300 connections from a stranger cost the kernel 141 threads of owner lookups."""
+    task = Task()
+    lookups = []
+
+    def slow_sources() -> dict[int, str]:
+        time.sleep(0.05)  # a lookup that takes a moment, as on a busy machine
+        lookups.append(sum(t.name == "tfmagic-shaper-who" for t in threading.enumerate()))
+        return {}
+
+    shaper = netshape.Shaper(sources=slow_sources, owners=traffic.socket_inodes)
+    port = free_port()
+    try:
+        shaper.route("ps:0", port, f"127.0.0.1:{task.port}", LinkModel())
+        conns = [socket.create_connection(("127.0.0.1", port)) for _ in range(60)]
+        poll_for(lambda: len(lookups) >= 60, 30, what="every connection looked up")
+        for c in conns:
+            c.close()
+        assert max(lookups) <= netshape.Shaper.WHO_THREADS, max(lookups)
+    finally:
+        shaper.kill()
+        task.close()
+    assert_gone([shaper.pid], timeout=10)

@@ -423,9 +423,7 @@ class Shaper:
                 except ValueError:
                     continue
                 if msg.get("event") == "who":  # looked up beside, so answers to requests never wait on it
-                    threading.Thread(
-                        target=self._answer_who, args=(msg,), name="tfmagic-shaper-who", daemon=True
-                    ).start()
+                    self._who_asked(msg)
                 else:
                     replies.put(msg)
         except (OSError, ValueError):
@@ -461,6 +459,22 @@ class Shaper:
                 said = f"{ended} and did not start again ({exc}); cluster.restart_relay() tries again"
         if self.on_event is not None:
             self.on_event(said)
+
+    #: threads that look up who holds a connection's other end: a burst of connections (a stranger's
+    #: 300 cost 141 threads) waits in a queue instead
+    WHO_THREADS = 2
+
+    def _who_asked(self, msg: dict) -> None:
+        with self._count_lock:
+            if not hasattr(self, "_who_queue"):
+                self._who_queue: queue.Queue = queue.Queue()
+                for _ in range(self.WHO_THREADS):
+                    threading.Thread(target=self._who_worker, name="tfmagic-shaper-who", daemon=True).start()
+        self._who_queue.put(msg)
+
+    def _who_worker(self) -> None:
+        while True:
+            self._answer_who(self._who_queue.get())
 
     def _answer_who(self, msg: dict) -> None:
         try:
