@@ -632,3 +632,18 @@ def test_a_burst_of_connections_costs_a_few_lookup_threads_not_one_each():
         shaper.kill()
         task.close()
     assert_gone([shaper.pid], timeout=10)
+
+
+@pytest.mark.cluster
+def test_adding_a_task_the_network_would_shape_is_refused_in_one_line(no_leaks):
+    """`--net "ps:*"` then `add ps` left ps:1 without a relay and said nothing."""
+    import tfmagic
+
+    with tfmagic.LocalCluster(ps=1, workers=1, spares=False, net="ps:*") as c:
+        with pytest.raises(
+            BadNet, match=r"ps:1 would sit behind the modelled network's relay \(ps:\*\)"
+        ) as err:
+            c.add("ps")
+        assert "\n" not in str(err.value) and c.shape.ps == 1 and list(c.shaper.models) == ["ps:0"]
+        c.add("worker")  # a worker is not behind a relay here
+        assert c.shape.workers == 2

@@ -415,7 +415,7 @@ class Cluster:
             self._watch(task, proc)
         return warm, len(tasks) - warm
 
-    def _shaped(self, task: TaskName) -> netshape.LinkModel | None:
+    def shaped(self, task: TaskName) -> netshape.LinkModel | None:
         """The card of a task that gets a relay: named as a card, or as the destination of a link rule."""
         card = self.net_models.get(str(task)) or self.net_models.get(f"{task.job}:*")
         if card is not None:
@@ -428,7 +428,7 @@ class Cluster:
 
     def _route_shaped(self, tasks: list[TaskName], procs: dict[TaskName, TaskHandle], defn) -> None:
         """Relayed tasks serve on a private port; their cluster address is the relay's."""
-        shaped = [t for t in tasks if self._shaped(t) is not None]
+        shaped = [t for t in tasks if self.shaped(t) is not None]
         if not shaped:
             return
         if not self.launcher.makes_spares:  # only local launchers make spares; the relay is local too
@@ -446,7 +446,7 @@ class Cluster:
             while str(bind) == port:
                 bind = self.launcher.pick_port(procs[t])
             self._bind_ports[t] = bind
-            self.shaper.route(str(t), int(port), f"{procs[t].host}:{bind}", self._shaped(t))
+            self.shaper.route(str(t), int(port), f"{procs[t].host}:{bind}", self.shaped(t))
         for key, model in self.net_models.items():
             src, dst = netshape.parse_target(key)
             if src is not None:

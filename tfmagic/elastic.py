@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from . import client
-from .errors import BadClusterShape, NotOwned, UnknownTask
+from .errors import BadClusterShape, BadNet, NotOwned, UnknownTask
 from .launchers.base import TaskState
 from .spec import ClusterDef, ClusterShape, TaskName
 
@@ -240,10 +240,16 @@ def add(cluster, job: str = "worker", count: int = 1, timeout: float | None = No
             "a collective (all-reduce) cluster's workers form one group fixed at start; "
             "start a bigger one instead (%tf_cluster start --workers N --collective --replace)"
         )
+    first = len(defn.jobs.get(job, []))
+    behind = [t for t in (TaskName(job, first + i) for i in range(count)) if cluster.shaped(t) is not None]
+    if behind:  # its address would have to be a relay's port, which only a start gives
+        raise BadNet(
+            f"{behind[0]} would sit behind the modelled network's relay ({', '.join(cluster.net_models)}), and "
+            "a task added to a running cluster gets none yet; start the cluster at the size you want instead"
+        )
     with cluster._lock:
         t0 = time.monotonic()
         deadline = t0 + (timeout or cluster.start_timeout)
-        first = len(defn.jobs.get(job, []))
         tasks = [TaskName(job, first + i) for i in range(count)]
         _check_memory(cluster, count)
         taken = cluster.pool.take(cluster.launcher, count) if cluster.use_spares else []
