@@ -97,8 +97,8 @@ def read(root: Path, rid: str) -> dict | None:
         record = json.loads((root / f"{rid}.json").read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(record, dict):
-        return None
+    if not isinstance(record, dict) or record.get("id") != rid:
+        return None  # not a record: another file of one ('ID.frame' names ID's frame.json)
     if not kernel_alive(record):
         record["state"] = "stopped"
         record["why"] = "its kernel ended"
