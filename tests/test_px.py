@@ -101,6 +101,14 @@ def test_output_streams_live_and_in_order_per_task(px_cluster):
     assert first_at < 1.2, "the first line arrived while the cell was still running (not at the end)"
 
 
+def test_bytes_written_to_stdout_buffer_reach_the_cell(px_cluster):
+    """sys.stdout.buffer did not exist in a cell (programs that write bytes failed)."""
+    code = "import sys\nsys.stdout.buffer.write('h\u00e9llo\\n'.encode())\nsys.stdout.buffer.flush()\n"
+    out = run_px(px_cluster, code, targets="worker:0").wait(120)["worker:0"]
+    assert out.status == "ok", out.traceback
+    assert "h\u00e9llo" in out.stdout, out.stdout
+
+
 def test_a_task_that_raises_shows_its_own_traceback_and_others_finish(px_cluster):
     code = "def f():\n    return 1 / (task_index - 1)\nvalue = f()\nvalue"
     out = run_px(px_cluster, code, targets="worker:*").wait(60)

@@ -791,6 +791,36 @@ class _StreamToOwner:
     def encoding(self) -> str:
         return "utf-8"
 
+    @property
+    def buffer(self) -> _BytesToOwner:
+        """``sys.stdout.buffer``: bytes written there reach the cell too (decoded as UTF-8)."""
+        if not hasattr(self, "_bytes"):
+            self._bytes = _BytesToOwner(self)
+        return self._bytes
+
+
+class _BytesToOwner:
+    """The binary side of :class:`_StreamToOwner` (a character split between writes is kept)."""
+
+    def __init__(self, text: _StreamToOwner) -> None:
+        import codecs
+
+        self._text = text
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def write(self, data: bytes) -> int:
+        self._text.write(self._decoder.decode(bytes(data)))
+        return len(data)
+
+    def flush(self) -> None:
+        self._text.flush()
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return False
+
 
 #: A private directory holding this task's bind library (see ``_guard_self``), removed at its end.
 _guard_tmpdir: str | None = None
