@@ -616,7 +616,7 @@ def test_a_burst_of_connections_costs_a_few_lookup_threads_not_one_each():
 
     def slow_sources() -> dict[int, str]:
         time.sleep(0.05)  # a lookup that takes a moment, as on a busy machine
-        lookups.append(sum(t.name == "tfmagic-shaper-who" for t in threading.enumerate()))
+        lookups.append(sum(t.name == f"tfmagic-shaper-who-{shaper.serial}" for t in threading.enumerate()))
         return {}
 
     shaper = netshape.Shaper(sources=slow_sources, owners=traffic.socket_inodes)
@@ -635,7 +635,7 @@ def test_a_burst_of_connections_costs_a_few_lookup_threads_not_one_each():
 
 
 @pytest.mark.cluster
-def test_adding_a_task_the_network_would_shape_is_refused_in_one_line(no_leaks):
+def test_adding_a_task_the_network_would_shape_is_refused_in_one_line():
     """`--net "ps:*"` then `add ps` left ps:1 without a relay and said nothing."""
     import tfmagic
 
@@ -647,3 +647,5 @@ def test_adding_a_task_the_network_would_shape_is_refused_in_one_line(no_leaks):
         assert "\n" not in str(err.value) and c.shape.ps == 1 and list(c.shaper.models) == ["ps:0"]
         c.add("worker")  # a worker is not behind a relay here
         assert c.shape.workers == 2
+        pids = [c.shaper.pid, *(p.pid for p in c.procs.values())]
+    assert_gone(pids)  # (not no_leaks: this module's shared cluster has a relay of its own)

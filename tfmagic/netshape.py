@@ -301,6 +301,8 @@ class NetModels:
         p.text(str(self))
 
 
+_serials = itertools.count(1)
+
 #: how long a request to the relay may take before the relay is said not to answer
 ASK_TIMEOUT_S = 10.0
 
@@ -322,6 +324,8 @@ class Shaper:
         #: told, in a sentence, when the relay process ends on its own and what was done about it
         self.on_event = on_event
         self._restarts: list[float] = []
+        #: tells this Shaper's threads from another's (the pid changes when the relay restarts)
+        self.serial = next(_serials)
         #: each relayed task: (the port the relay listens on, where the task serves)
         self.given_routes: dict[str, tuple[int, str]] = {}
         self._closing = False
@@ -469,12 +473,14 @@ class Shaper:
             if not hasattr(self, "_who_queue"):
                 self._who_queue: queue.Queue = queue.Queue()
                 for _ in range(self.WHO_THREADS):
-                    threading.Thread(target=self._who_worker, name="tfmagic-shaper-who", daemon=True).start()
+                    threading.Thread(
+                        target=self._who_worker, name=f"tfmagic-shaper-who-{self.serial}", daemon=True
+                    ).start()
         self._who_queue.put(msg)
 
     def _who_worker(self) -> None:
-        while True:
-            self._answer_who(self._who_queue.get())
+        while (msg := self._who_queue.get()) is not None:  # None: the relay was killed for good
+            self._answer_who(msg)
 
     def _answer_who(self, msg: dict) -> None:
         try:
@@ -588,6 +594,10 @@ class Shaper:
 
     def kill(self) -> None:
         self._closing = True
+        with self._count_lock:
+            if hasattr(self, "_who_queue"):
+                for _ in range(self.WHO_THREADS):
+                    self._who_queue.put(None)
         if self.alive:
             try:
                 self.proc.kill()
