@@ -84,7 +84,8 @@ def test_kill_9_of_the_kernel_mid_cell_with_a_stopped_task_and_a_detached_child_
         os.kill(ps0, signal.SIGSTOP)
         time.sleep(0.5)
         os.kill(k.pid, signal.SIGKILL)
-        assert_gone([*pids, child], timeout=15)
+        # 30 s: once, in CI right after the install, all four outlived 15 s (and passed alone in 20 s)
+        assert_gone([*pids, child], timeout=30)
     finally:
         for pid in [*locals().get("pids", []), locals().get("child")]:
             if pid:
@@ -160,7 +161,7 @@ def test_interrupting_an_add_is_one_line_and_leaves_the_cluster_as_it_was(kernel
     """It showed a raw KeyboardInterrupt traceback."""
     kernel.ok("%tf_cluster start --ps 1 --workers 2 --replace", timeout=180)
     before = kernel.value(TASK_PIDS)
-    reply = kernel.run("%tf_cluster add worker", timeout=60, interrupt_after=0.5)  # no spares: seconds
+    reply = kernel.run("%tf_cluster add worker", timeout=60, interrupt_after=0.3)  # no spares: seconds
     _no_wall(reply)
     assert "Interrupted" in reply.text and "as it was" in reply.text, reply.text
     assert kernel.value(TASK_PIDS) == before
