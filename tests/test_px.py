@@ -109,6 +109,18 @@ def test_bytes_written_to_stdout_buffer_reach_the_cell(px_cluster):
     assert "h\u00e9llo" in out.stdout, out.stdout
 
 
+def test_a_script_follows_a_cell_as_the_magic_does(px_cluster, capsys):
+    """The follow policy (prefixed lines as they come, what went wrong per task) is PxRun.follow(),
+    so a script gets what %%tf_px shows."""
+    run = run_px(
+        px_cluster, "print('hi from', task_index)\nif task_index == 1:\n    1 / 0", targets="worker:*"
+    )
+    failed = run.follow()
+    out = capsys.readouterr()
+    assert "[worker:0] hi from 0" in out.out and "[worker:1] hi from 1" in out.out
+    assert failed == ["worker:1 raised ZeroDivisionError"] and "[worker:1] ZeroDivisionError" in out.err
+
+
 def test_a_task_that_raises_shows_its_own_traceback_and_others_finish(px_cluster):
     code = "def f():\n    return 1 / (task_index - 1)\nvalue = f()\nvalue"
     out = run_px(px_cluster, code, targets="worker:*").wait(60)

@@ -18,12 +18,14 @@ import itertools
 import os
 import pickle
 import queue
+import signal
+import sys
 import threading
 import time
 import weakref
 from dataclasses import dataclass, field
 
-from . import events, waits
+from . import doctor, events, waits
 from .errors import PxError, WaitTimedOut
 from .metrics import GlobalStep, History, StepRecord
 from .spec import TaskName
@@ -313,6 +315,108 @@ class PxRun:
                 proc.send("interrupt", exec_id=self.id)
 
     cancel = interrupt
+
+    def follow(self) -> list[str]:
+        """Print the tasks' output as it arrives, each line prefixed with its task, until every task
+        has finished the cell (an interrupt interrupts them; a task stopped from outside or one that
+        does not stop within 10 s of an interrupt is left to go on); returns what went wrong, per task.
+        What ``%%tf_px`` shows, for scripts too."""
+        run = self
+        if run.importing:
+            print(
+                f"({', '.join(run.importing)}: importing TensorFlow's Python API for a first cell, "
+                "a few seconds; the servers did not need it)",
+                file=sys.stderr,
+            )
+        # While we wait here a kernel interrupt only sets a flag. Raised as KeyboardInterrupt at
+        # any bytecode, it can land inside the event queue's locking and leave its lock held; the
+        # tasks' reader threads and this loop then wait forever. A full test run once hung just
+        # after an interrupt in a way that fits this.
+        sigint = [False]
+        previous = None
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.signal(signal.SIGINT, lambda signum, frame: sigint.__setitem__(0, True))
+        try:
+            self._follow_events(sigint)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+        failed = []
+        for task, outcome in run.outcomes.items():
+            if outcome.status == "error":
+                failed.append(f"{task} raised {outcome.ename}")
+            elif outcome.status == "died":
+                failed.append(f"{task} died")
+            elif outcome.status == "interrupted":
+                failed.append(f"{task} interrupted")
+            elif outcome.status == "stopped":
+                failed.append(f"{task} stopped with its cluster")
+            elif outcome.status == "running":
+                failed.append(f"{task} still running")
+        return failed
+
+    def _follow_events(self, sigint: list) -> None:
+        run = self
+        import queue as _queue
+
+        interrupted_at = None
+        checked, stopped_since = time.monotonic(), None
+        while True:
+            if sigint[0] and interrupted_at is None:
+                run.interrupt()
+                interrupted_at = time.monotonic()
+                print("Interrupting the tasks' cells ...", file=sys.stderr)
+            try:
+                task, kind, payload = run.events.get(timeout=0.1)
+            except _queue.Empty:
+                if run.done and run.events.empty():
+                    break
+                if time.monotonic() - checked > 1.0:  # a task stopped from outside mid-cell
+                    checked = time.monotonic()
+                    stuck = [
+                        t
+                        for t, o in run.outcomes.items()
+                        if not o.done and run.cluster.condition(t).startswith("stopped")
+                    ]
+                    stopped_since = (stopped_since or checked) if stuck else None
+                    if stuck and checked - stopped_since > 3:
+                        print(
+                            f"{', '.join(stuck)} is stopped (SIGSTOP): its cell goes on when it is continued; "
+                            "not waiting for it here.",
+                            file=sys.stderr,
+                        )
+                        break
+                if interrupted_at is not None and time.monotonic() - interrupted_at > 10:
+                    print(
+                        "Some tasks did not stop within 10 s of the interrupt; they go on in the background.",
+                        file=sys.stderr,
+                    )
+                    break
+                continue
+            if kind == "stream":
+                name, text = payload
+                stream = sys.stderr if name == "stderr" else sys.stdout
+                for piece in text.splitlines(True):
+                    stream.write(f"[{task}] {piece}")
+                stream.flush()
+            elif kind == "interrupted":  # where it was, not the whole traceback
+                where = [ln.strip() for ln in payload.traceback if ln.strip().startswith("File ")]
+                at = where[-1].split(", in ")[0].replace("File ", "") if where else ""
+                print(f"[{task}] interrupted" + (f" at {at}" if at else ""), file=sys.stderr)
+            elif kind == "error":
+                print(
+                    "".join(f"[{task}] {ln}" for ln in "".join(payload.traceback).splitlines(True)),
+                    file=sys.stderr,
+                    end="",
+                )
+                said = doctor.translate("".join(payload.traceback))
+                if said:
+                    print(f"[{task}] in words: {said}", file=sys.stderr)
+            elif kind == "died":
+                detail = payload.evalue if hasattr(payload, "evalue") else payload
+                print(f"[{task}] {detail}; see %tf_cluster logs {task}", file=sys.stderr)
+            elif kind == "stopped":
+                print(f"[{task}] {payload.evalue}", file=sys.stderr)
 
     @property
     def results(self) -> dict[str, object]:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import signal
-import sys
 import threading
 import time
 
@@ -11,7 +9,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from .. import client, doctor, session
+from .. import client, session
 from ..errors import ShownAbove, TfmagicError
 from ..spec import TaskName
 from . import render
@@ -78,110 +76,12 @@ class CellMagics(Magics):
                     f"{args.output} fills in as each task finishes the cell ({args.output}[task]; run.wait() waits)."
                 )
             return run
-        failed = self._follow_px(run)
+        failed = run.follow()
         if args.output:
             self.shell.user_ns[args.output] = run.results
         if failed:
             raise ShownAbove(f"(%%tf_px: {', '.join(failed)}; the other tasks' output is above)")
         return None
-
-    def _follow_px(self, run) -> list[str]:
-        """Print the tasks' output as it arrives; returns what went wrong, per task."""
-        if run.importing:
-            print(
-                f"({', '.join(run.importing)}: importing TensorFlow's Python API for a first cell, "
-                "a few seconds; the servers did not need it)",
-                file=sys.stderr,
-            )
-        # While we wait here a kernel interrupt only sets a flag. Raised as KeyboardInterrupt at
-        # any bytecode, it can land inside the event queue's locking and leave its lock held; the
-        # tasks' reader threads and this loop then wait forever. A full test run once hung just
-        # after an interrupt in a way that fits this.
-        sigint = [False]
-        previous = None
-        if threading.current_thread() is threading.main_thread():
-            previous = signal.signal(signal.SIGINT, lambda signum, frame: sigint.__setitem__(0, True))
-        try:
-            self._follow_px_events(run, sigint)
-        finally:
-            if previous is not None:
-                signal.signal(signal.SIGINT, previous)
-        failed = []
-        for task, outcome in run.outcomes.items():
-            if outcome.status == "error":
-                failed.append(f"{task} raised {outcome.ename}")
-            elif outcome.status == "died":
-                failed.append(f"{task} died")
-            elif outcome.status == "interrupted":
-                failed.append(f"{task} interrupted")
-            elif outcome.status == "stopped":
-                failed.append(f"{task} stopped with its cluster")
-            elif outcome.status == "running":
-                failed.append(f"{task} still running")
-        return failed
-
-    @staticmethod
-    def _follow_px_events(run, sigint: list) -> None:
-        import queue as _queue
-
-        interrupted_at = None
-        checked, stopped_since = time.monotonic(), None
-        while True:
-            if sigint[0] and interrupted_at is None:
-                run.interrupt()
-                interrupted_at = time.monotonic()
-                print("Interrupting the tasks' cells ...", file=sys.stderr)
-            try:
-                task, kind, payload = run.events.get(timeout=0.1)
-            except _queue.Empty:
-                if run.done and run.events.empty():
-                    break
-                if time.monotonic() - checked > 1.0:  # a task stopped from outside mid-cell
-                    checked = time.monotonic()
-                    stuck = [
-                        t
-                        for t, o in run.outcomes.items()
-                        if not o.done and run.cluster.condition(t).startswith("stopped")
-                    ]
-                    stopped_since = (stopped_since or checked) if stuck else None
-                    if stuck and checked - stopped_since > 3:
-                        print(
-                            f"{', '.join(stuck)} is stopped (SIGSTOP): its cell goes on when it is continued; "
-                            "not waiting for it here.",
-                            file=sys.stderr,
-                        )
-                        break
-                if interrupted_at is not None and time.monotonic() - interrupted_at > 10:
-                    print(
-                        "Some tasks did not stop within 10 s of the interrupt; they go on in the background.",
-                        file=sys.stderr,
-                    )
-                    break
-                continue
-            if kind == "stream":
-                name, text = payload
-                stream = sys.stderr if name == "stderr" else sys.stdout
-                for piece in text.splitlines(True):
-                    stream.write(f"[{task}] {piece}")
-                stream.flush()
-            elif kind == "interrupted":  # where it was, not the whole traceback
-                where = [ln.strip() for ln in payload.traceback if ln.strip().startswith("File ")]
-                at = where[-1].split(", in ")[0].replace("File ", "") if where else ""
-                print(f"[{task}] interrupted" + (f" at {at}" if at else ""), file=sys.stderr)
-            elif kind == "error":
-                print(
-                    "".join(f"[{task}] {ln}" for ln in "".join(payload.traceback).splitlines(True)),
-                    file=sys.stderr,
-                    end="",
-                )
-                said = doctor.translate("".join(payload.traceback))
-                if said:
-                    print(f"[{task}] in words: {said}", file=sys.stderr)
-            elif kind == "died":
-                detail = payload.evalue if hasattr(payload, "evalue") else payload
-                print(f"[{task}] {detail}; see %tf_cluster logs {task}", file=sys.stderr)
-            elif kind == "stopped":
-                print(f"[{task}] {payload.evalue}", file=sys.stderr)
 
     # -- %%tf_device ---------------------------------------------------------
     @cell_magic
