@@ -188,7 +188,12 @@ else:
 # `TF_CONFIG`). They are validated by the tests, not run on a real Slurm or Kubernetes cluster.
 
 # %%
-# %tf_cluster export slurm --ps 1 --workers 2
+from tfmagic.export import export
+
+script = export("slurm", tfmagic.ClusterShape(ps=1, workers=2))  # what `%tf_cluster export slurm` prints
+lines = script.splitlines()
+print("\n".join(lines[:16]))
+print(f"... and {len(lines) - 16} more lines: the launcher each Slurm task runs (`%tf_cluster export slurm` prints all)")
 
 # %% [markdown]
 # ## Attach: a cluster someone else started
