@@ -216,8 +216,8 @@ def condition(cluster, task: TaskName) -> tuple[str, str]:
             "%tf_cluster why --stacks",
         )
     shaper = getattr(cluster, "shaper", None)
-    if shaper is not None and str(task) in shaper.models and shaper.state() != "running":
-        state = shaper.state()
+    state = shaper.state() if shaper is not None and str(task) in shaper.models else "running"
+    if state != "running":
         return (
             f"its network relay (pid {shaper.pid}) is {state}: nothing crosses {task}'s modelled card, "
             "though the task itself is fine",

@@ -342,6 +342,8 @@ class Shaper:
         self._ask_lock = threading.Lock()
         self._write_lock = threading.Lock()
         self._count_lock = threading.Lock()
+        self._who_queue: queue.Queue = queue.Queue()
+        self._who_started = False  # its WHO_THREADS threads start on the first lookup
         self._ids = itertools.count(1)
         from . import owner
 
@@ -388,16 +390,7 @@ class Shaper:
         are cut, and TensorFlow connects again through the new one.
         """
         with self._ask_lock:
-            self._closing = True
-            try:
-                self.proc.kill()
-            except OSError:
-                pass
-            try:
-                self.proc.wait(5)
-            except Exception:  # noqa: BLE001 - SIGKILLed; reaped later
-                pass
-            self._close_streams()
+            self._end_process()
             from . import owner
 
             owner.forget(self)  # known by pid
@@ -470,8 +463,8 @@ class Shaper:
 
     def _who_asked(self, msg: dict) -> None:
         with self._count_lock:
-            if not hasattr(self, "_who_queue"):
-                self._who_queue: queue.Queue = queue.Queue()
+            if not self._who_started:
+                self._who_started = True
                 for _ in range(self.WHO_THREADS):
                     threading.Thread(
                         target=self._who_worker, name=f"tfmagic-shaper-who-{self.serial}", daemon=True
@@ -593,11 +586,18 @@ class Shaper:
         return NetModels(rows)
 
     def kill(self) -> None:
-        self._closing = True
         with self._count_lock:
-            if hasattr(self, "_who_queue"):
+            if self._who_started:
                 for _ in range(self.WHO_THREADS):
                     self._who_queue.put(None)
+        self._end_process()
+        from . import owner
+
+        owner.forget(self)
+
+    def _end_process(self) -> None:
+        """SIGKILL the relay process (said on purpose: its reader does not restart it) and close its pipes."""
+        self._closing = True
         if self.alive:
             try:
                 self.proc.kill()
@@ -607,12 +607,6 @@ class Shaper:
             self.proc.wait(5)
         except Exception:  # noqa: BLE001 - it was SIGKILLed; the keeper reaps what remains
             pass
-        self._close_streams()
-        from . import owner
-
-        owner.forget(self)
-
-    def _close_streams(self) -> None:
         for stream in (self.proc.stdin, self.proc.stdout):
             try:
                 stream.close()

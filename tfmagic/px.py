@@ -321,10 +321,9 @@ class PxRun:
         has finished the cell (an interrupt interrupts them; a task stopped from outside or one that
         does not stop within 10 s of an interrupt is left to go on); returns what went wrong, per task.
         What ``%%tf_px`` shows, for scripts too."""
-        run = self
-        if run.importing:
+        if self.importing:
             print(
-                f"({', '.join(run.importing)}: importing TensorFlow's Python API for a first cell, "
+                f"({', '.join(self.importing)}: importing TensorFlow's Python API for a first cell, "
                 "a few seconds; the servers did not need it)",
                 file=sys.stderr,
             )
@@ -342,7 +341,7 @@ class PxRun:
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
         failed = []
-        for task, outcome in run.outcomes.items():
+        for task, outcome in self.outcomes.items():
             if outcome.status == "error":
                 failed.append(f"{task} raised {outcome.ename}")
             elif outcome.status == "died":
@@ -356,27 +355,26 @@ class PxRun:
         return failed
 
     def _follow_events(self, sigint: list) -> None:
-        run = self
         import queue as _queue
 
         interrupted_at = None
         checked, stopped_since = time.monotonic(), None
         while True:
             if sigint[0] and interrupted_at is None:
-                run.interrupt()
+                self.interrupt()
                 interrupted_at = time.monotonic()
                 print("Interrupting the tasks' cells ...", file=sys.stderr)
             try:
-                task, kind, payload = run.events.get(timeout=0.1)
+                task, kind, payload = self.events.get(timeout=0.1)
             except _queue.Empty:
-                if run.done and run.events.empty():
+                if self.done and self.events.empty():
                     break
                 if time.monotonic() - checked > 1.0:  # a task stopped from outside mid-cell
                     checked = time.monotonic()
                     stuck = [
                         t
-                        for t, o in run.outcomes.items()
-                        if not o.done and run.cluster.condition(t).startswith("stopped")
+                        for t, o in self.outcomes.items()
+                        if not o.done and self.cluster.condition(t).startswith("stopped")
                     ]
                     stopped_since = (stopped_since or checked) if stuck else None
                     if stuck and checked - stopped_since > 3:

@@ -35,24 +35,27 @@ def socket_inodes(pids: set[int]) -> dict[int, int]:
     return found
 
 
-def listening_inodes(port: int) -> set[int]:
-    """The inodes of the sockets listening on ``port`` (any address, IPv4 or IPv6)."""
-    found = set()
-    for table, _family in _TABLES:
+def _rows():
+    """``(fields, family)`` for each socket row of ``/proc/net/tcp`` and ``tcp6`` (the header left out)."""
+    for table, family in _TABLES:
         try:
             with open(table) as f:
                 next(f, None)
                 for row in f:
                     fields = row.split()
-                    if (
-                        len(fields) > 9
-                        and fields[3] == _LISTEN
-                        and int(fields[1].rsplit(":", 1)[1], 16) == port
-                    ):
-                        found.add(int(fields[9]))
+                    if len(fields) > 9:
+                        yield fields, family
         except OSError:
             continue
-    return found
+
+
+def listening_inodes(port: int) -> set[int]:
+    """The inodes of the sockets listening on ``port`` (any address, IPv4 or IPv6)."""
+    return {
+        int(fields[9])
+        for fields, _family in _rows()
+        if fields[3] == _LISTEN and int(fields[1].rsplit(":", 1)[1], 16) == port
+    }
 
 
 def holder(inodes: set[int]) -> int | None:
@@ -75,18 +78,12 @@ def connection_inode(local: tuple[str, int], remote: tuple[str, int]) -> int | N
     """The inode of the TCP socket bound to ``local`` and connected to ``remote``."""
     want_port = f"{local[1]:04X}"
     want = (_plain(local[0]), local[1], _plain(remote[0]), remote[1])
-    for table, family in _TABLES:
-        try:
-            with open(table) as f:
-                next(f, None)
-                for row in f:
-                    parts = row.split()
-                    if len(parts) < 10 or not parts[1].endswith(want_port):
-                        continue
-                    if (*_address(parts[1], family), *_address(parts[2], family)) == want:
-                        return int(parts[9])
-        except OSError:
-            continue
+    for fields, family in _rows():
+        if (
+            fields[1].endswith(want_port)
+            and (*_address(fields[1], family), *_address(fields[2], family)) == want
+        ):
+            return int(fields[9])
     return None
 
 
