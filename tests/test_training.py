@@ -426,12 +426,22 @@ def _ds_of_x_only():
 
 
 def test_tensorboard_event_files_per_mode_and_task(local_cluster, tmp_path):
+    """One event file per task that took a step, and one for the global series.
+
+    Sync always has both workers; an async run of a few steps may be taken by one
+    worker alone (the other still tracing its first step), and a worker without a
+    step gets no directory rather than an empty one."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     for mode in ("sync", "async"):
-        tfmagic.train(local_cluster, mode=mode, model="linear", steps=20, logdir=tmp_path)
-    for mode in ("sync", "async"):
-        for who in ("worker-0", "worker-1", "global"):
+        history = tfmagic.train(local_cluster, mode=mode, model="linear", steps=20, logdir=tmp_path)
+        records, _, _ = history.snapshot()
+        stepped = sorted({str(r.task).replace(":", "-") for r in records})
+        if mode == "sync":
+            assert stepped == ["worker-0", "worker-1"]
+        assert stepped, "no worker took a step"
+        assert sorted(p.name for p in (tmp_path / mode).iterdir()) == sorted([*stepped, "global"])
+        for who in (*stepped, "global"):
             d = tmp_path / mode / who
             files = list(d.glob("events.out.tfevents.*"))
             assert len(files) == 1, (d, files)
