@@ -239,6 +239,25 @@ def namespace_hosts(count: int = 2) -> SSHHosts:
     return hosts
 
 
+def stranger(hosts: SSHHosts, last: int = 99) -> str:
+    """One more namespace on the hosts' bridge (``SUBNET.<last>``), running no sshd: a machine of the
+    same network that is not part of any cluster.  Returns its name; ``hosts.close()`` removes it."""
+    tag = os.getpid() % 100000
+    ns, outside, inside = f"tfmns{tag}-x{last}", f"tfmv{tag}hx{last}", f"tfmv{tag}nx{last}"
+    bridge = next(link for link in hosts.links if link.startswith("tfmbr"))
+    _run("ip", "netns", "add", ns)
+    hosts.namespaces.append(ns)
+    _run("ip", "link", "add", outside, "type", "veth", "peer", "name", inside)
+    hosts.links.append(outside)
+    _run("ip", "link", "set", inside, "netns", ns)
+    _run("ip", "link", "set", outside, "master", bridge)
+    _run("ip", "link", "set", outside, "up")
+    _run("ip", "-n", ns, "addr", "add", f"{SUBNET}.{last}/24", "dev", inside)
+    _run("ip", "-n", ns, "link", "set", inside, "up")
+    _run("ip", "-n", ns, "link", "set", "lo", "up")
+    return ns
+
+
 if __name__ == "__main__":  # a manual check: python tests/sshhosts.py
     made = loopback_host() if "--loop" in sys.argv else namespace_hosts(2)
     try:

@@ -127,6 +127,110 @@ def test_servers_listen_only_on_their_spec_address(ssh_cluster, ns_hosts):
     assert out.stdout.split() == ["open", "closed"], out.stdout + out.stderr
 
 
+_GRPC_PROBE = textwrap.dedent(
+    """
+    import sys
+    from tfmagic.net import grpc_answers
+    print(" ".join("answers" if grpc_answers(a, timeout=3) else "silent" for a in sys.argv[1:]))
+    """
+)
+
+
+def _probe_from(ns: str | None, *addresses: str) -> list[str]:
+    """Whether a gRPC server answers at each address, asked from namespace ``ns`` (None: here)."""
+    cmd = [sys.executable, "-c", _GRPC_PROBE, *addresses]
+    out = subprocess.run(
+        ["ip", "netns", "exec", ns, *cmd] if ns else cmd, capture_output=True, text=True, timeout=60
+    )
+    return out.stdout.split() or [out.stderr[-2000:]]
+
+
+_KERNEL_LIKE = textwrap.dedent(
+    """
+    import sys
+    import tensorflow as tf
+    import tfmagic
+    from tfmagic import client
+    cluster = tfmagic.LocalCluster(ps=0, workers=1, name="alone")
+    cluster.start()
+    try:
+        cluster.connect()
+        with cluster.device("worker:0"):
+            assert float(tf.constant(2.0) * 3) == 6.0
+        print("PORT", client._port, flush=True)
+        print("NOTE", client.server_note(), flush=True)
+        sys.stdin.readline()
+    finally:
+        cluster.stop()
+    """
+)
+
+
+def test_the_clients_tensorflow_server_is_kept_off_the_network(ns_hosts):
+    """Issue 22 item 2: connecting made TensorFlow start a server in the kernel on every interface
+    (any machine of the network could run a graph in it, as the user).  A fresh process, as a
+    kernel, connects to a local cluster: its server answers on 127.0.0.1 and not on this machine's
+    address on the hosts' bridge, asked from here and from a namespace host."""
+    env = dict(os.environ, TFMAGIC_SPARES="0")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KERNEL_LIKE],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
+    try:
+        lines = {}
+        for line in proc.stdout:
+            key, _, value = line.strip().partition(" ")
+            lines[key] = value
+            if key == "NOTE":
+                break
+        assert "PORT" in lines, "the client did not connect"
+        port = int(lines["PORT"])
+        assert lines["NOTE"] == f"this kernel serves TensorFlow on 127.0.0.1 only (port {port})"
+        bridge = f"{sshhosts.SUBNET}.1"
+        assert _probe_from(None, f"127.0.0.1:{port}", f"{bridge}:{port}") == ["answers", "silent"]
+        assert _probe_from(ns_hosts.namespaces[0], f"{bridge}:{port}") == ["silent"]
+    finally:
+        proc.stdin.close()
+        proc.wait(60)
+    # the control: the same probe from the same namespace sees a gRPC server that listens on every
+    # interface (grpcio's own, which the guard, limited to TensorFlow's libraries, leaves alone)
+    from concurrent.futures import ThreadPoolExecutor
+
+    import grpc
+
+    control = grpc.server(ThreadPoolExecutor(max_workers=1))
+    open_port = control.add_insecure_port("[::]:0")
+    control.start()
+    try:
+        assert _probe_from(ns_hosts.namespaces[0], f"{bridge}:{open_port}") == ["answers"]
+    finally:
+        control.stop(None)
+
+
+def test_remote_tasks_reach_the_client_through_a_door_that_admits_only_them(ssh_cluster, ns_hosts):
+    """The SSH tasks pull tensors the client made from the client's server, at this machine's
+    bridge address: a door there admits the cluster's hosts and refuses every other machine."""
+    from tfmagic import client, clientserver
+
+    ssh_cluster.connect()
+    port = client._port
+    bridge = f"{sshhosts.SUBNET}.1"
+    door = clientserver._state.doors[bridge]
+    assert set(ns_hosts.addresses.values()) <= door.peers
+    stranger = sshhosts.stranger(ns_hosts)
+    refused = door.refused
+    assert _probe_from(ns_hosts.namespaces[0], f"{bridge}:{port}") == ["answers"]
+    assert _probe_from(stranger, f"{bridge}:{port}") == ["silent"]
+    assert door.refused > refused
+    note = " ".join(ssh_cluster.status().notes)
+    assert f"this kernel serves TensorFlow on 127.0.0.1 only (port {port})" in note, note
+    assert f"admits {', '.join(sorted(door.peers))} at {bridge}:{port}" in note, note
+
+
 def test_training_runs_on_ssh_tasks(ssh_cluster, local_cluster):
     """The same run on local tasks, SSH tasks and local again, in one client process.
 

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 
-from . import waits
+from . import clientserver, waits
 from .errors import ClientBusy
 from .spec import ClusterDef, TaskName
 
@@ -122,9 +122,8 @@ _omitted: list = []  # tasks left out of the connection: they did not answer whe
 def client_port() -> int:
     """The port this process serves on as every cluster's client, chosen once.
 
-    TensorFlow starts a gRPC server in the client the first time it connects,
-    on every interface (the bind address is fixed in TensorFlow), and never
-    stops it.  Moving to another cluster with a *new* server definition made
+    TensorFlow starts a gRPC server in the client the first time it connects
+    (kept on loopback by :mod:`tfmagic.clientserver`) and never stops it.  Moving to another cluster with a *new* server definition made
     it start one more each time (measured: +89 threads, +40 MB and one more
     open port per cluster); tfmagic keeps the client's own task and port the
     same and moves with ``update_server_def`` instead (+3 threads, no port).
@@ -136,6 +135,11 @@ def client_port() -> int:
 
             _port = free_port("0.0.0.0")
         return _port
+
+
+def server_note() -> str:
+    """Where this process's own TensorFlow server listens (measured once it is up), in one clause."""
+    return clientserver.describe(_port)
 
 
 def _frozen(defn: ClusterDef) -> tuple:
@@ -245,6 +249,14 @@ def connect(
             default_session_config=ctx.config,
         )
         first = ctx.get_server_def() is None
+        if first:
+            clientserver.keep_local()
+        host = address.rsplit(":", 1)[0]
+        if not clientserver.is_loopback(host):
+            peers = clientserver.peers_of(
+                [a for job, tasks in jobs.items() if job != "localhost" for a in tasks.values()]
+            )
+            clientserver.open_door(host, int(address.rsplit(":", 1)[1]), peers)
         outcome: list = []
 
         def change() -> None:

@@ -1046,7 +1046,7 @@ class Cluster:
             notes.append(
                 f"network relay of {', '.join(self.shaper.models)}: pid {self.shaper.pid}, {self.shaper.state()}"
             )
-        notes.append("security: " + self.launcher.security_note())
+        notes.append(f"security: {self.launcher.security_note()}; {client.server_note()}")
         return ClusterStatus(
             name=self.name, shape=self.shape.describe(), tasks=rows, spares=spares, notes=notes
         )

@@ -22,10 +22,12 @@ Otherwise (a shared or world-writable ``TFMAGIC_CACHE_DIR``, say) a planted
 into a private directory of this process instead (removed at exit); the
 guard works the same, only the first start of each process pays the compile.
 
-What it cannot close: the notebook kernel's own client-side TF server starts
-inside the already-running kernel process, where no preload can reach, and
-listens on every interface after the first remote op; and other users of the
-same machine reach loopback too (shared hosts, JupyterHub).  Those are told to
+The notebook kernel's own client-side TF server starts inside the
+already-running kernel process, where no preload can reach: for it,
+:func:`guard_this_process` points the ``bind()`` entries of TensorFlow's
+loaded libraries at the same rewrite (see :mod:`tfmagic.clientserver`).
+What it cannot close: other users of the same machine reach loopback too
+(shared hosts, JupyterHub).  Those are told to
 the user, not hidden.  It needs Linux and a C compiler; without them
 :func:`bind_guard` says why in one sentence instead of failing.
 
@@ -292,3 +294,30 @@ def bind_guard(host: str = "127.0.0.1", base_env: Mapping[str, str] | None = Non
     others = [p for p in existing.replace(" ", ":").split(":") if p and p != library]
     preload = ":".join([library, *others])
     return BindGuard(True, env={"LD_PRELOAD": preload, "TFMAGIC_BIND_HOST": str(address)}, library=library)
+
+
+def guard_this_process(host: str = "127.0.0.1", match: str = "/tensorflow/") -> tuple[int, str]:
+    """Rewrite wildcard binds of the libraries already loaded in this process whose path contains
+    ``match`` (TensorFlow's own) to ``host``; returns (entries changed, reason when none).
+
+    For a process that cannot be preloaded because it is already running (the notebook kernel):
+    the bind library's ``tfmagic_guard_loaded`` points those libraries' ``bind()`` entries at its
+    rewrite.  Every other library of the process keeps libc's ``bind``.  Import TensorFlow first.
+    """
+    import ctypes
+
+    mine = "so this process's TensorFlow server listens on every interface"
+    guard = bind_guard(host)
+    if not guard.available:
+        return 0, guard.reason.replace(_UNGUARDED, mine)
+    try:
+        lib = ctypes.CDLL(guard.library)
+        fn = lib.tfmagic_guard_loaded
+    except (OSError, AttributeError) as exc:
+        return 0, f"loading the bind library into this process failed ({exc}), {mine}"
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+    fn.restype = ctypes.c_int
+    changed = fn(host.encode(), match.encode())
+    if changed <= 0:
+        return 0, f"no library under {match!r} is loaded with a bind() entry tfmagic can change, {mine}"
+    return changed, ""

@@ -12,6 +12,7 @@ import html
 import re
 import time
 
+from .. import client
 from ..cluster import Cluster, StartOutcome
 from ..procstats import human_seconds
 from ..spec import TaskName
@@ -113,8 +114,8 @@ def started(cluster: Cluster, outcome: StartOutcome) -> str:
 
 def security(cluster: Cluster) -> str:
     return (
-        f"Security: {cluster.launcher.security_note()}; once connected, this kernel also "
-        "serves TensorFlow on every interface. See the README's Security section."
+        f"Security: {cluster.launcher.security_note()}; {client.server_note()}. "
+        "See the README's Security section."
     )
 
 

@@ -1,0 +1,211 @@
+"""This process's own TensorFlow server (the client's): kept on loopback, reached from other hosts
+only through a door that admits the cluster's hosts.
+
+Why: connecting to a cluster makes TensorFlow start a gRPC server inside the client (the notebook
+kernel), bound to every interface (the address is fixed in TensorFlow) and running any graph it is
+sent, as the user, with no login.  A task process is kept off the network by preloading the bind
+library (:mod:`tfmagic.loopback`); the kernel is already running when it connects, so nothing can be
+preloaded into it.  Instead, before its first connection, :func:`keep_local` points the ``bind()``
+entries of TensorFlow's own libraries (not the kernel's ZeroMQ sockets, not Python's) at the same
+rewrite, so the server listens on ``127.0.0.1`` only.
+
+Tasks on other hosts (SSH without tunnels, Spark on other machines) pull the tensors the client made
+from this server, at this machine's address on the route to them.  For those, :func:`open_door`
+listens on that one address and the client's port and passes on connections from the cluster's own
+hosts only; anyone else is refused before a byte reaches TensorFlow.
+
+What stays open: any process of this machine can reach ``127.0.0.1`` (other users of a shared host
+included), and a door admits every process of the hosts it admits.  :func:`describe` says where the
+server listens, measured from this process's socket table, not assumed.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import threading
+from dataclasses import dataclass, field
+
+LOOPBACK = "127.0.0.1"
+
+_lock = threading.Lock()
+
+
+@dataclass
+class _State:
+    tried: bool = False
+    guarded: bool = False
+    reason: str = ""
+    doors: dict[str, _Door] = field(default_factory=dict)
+
+
+_state = _State()
+
+
+def keep_local() -> bool:
+    """Keep the TensorFlow server this process starts on its first connection on loopback.
+
+    Call before that connection (TensorFlow must be imported: its libraries are what gets
+    changed).  Returns whether the guard is in place; when it is not, :func:`describe` says why.
+    Idempotent.
+    """
+    with _lock:
+        if _state.tried:
+            return _state.guarded
+        _state.tried = True
+        from .loopback import guard_this_process
+
+        changed, reason = guard_this_process(LOOPBACK)
+        _state.guarded = changed > 0
+        _state.reason = reason
+        return _state.guarded
+
+
+def guarded() -> bool:
+    """Whether :func:`keep_local` put the guard in place in this process."""
+    return _state.guarded
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def open_door(host: str, port: int, peers: set[str]) -> _Door | None:
+    """Let ``peers`` (IP addresses) reach the client's server at ``host:port``; None if not needed.
+
+    Not needed (None) when ``host`` is loopback, or when the guard is not in place (the server then
+    listens on every interface already).  A door on the same address admits the union of the peers
+    of every cluster that asked.
+    """
+    if is_loopback(host) or not _state.guarded:
+        return None
+    with _lock:
+        door = _state.doors.get(host)
+        if door is None or not door.alive():
+            door = _Door(host, port, peers)
+            _state.doors[host] = door
+        else:
+            door.admit(peers)
+        return door
+
+
+def listening(port: int) -> list[tuple[str, int]]:
+    """Where this process listens on ``port``, measured (``[]``: not yet)."""
+    import os
+
+    from .procstats import listening_addresses
+
+    return [(h, p) for h, p in listening_addresses(os.getpid()) if p == port]
+
+
+def describe(port: int | None = None) -> str:
+    """One clause for the security line: where this process's TensorFlow server listens.
+
+    Measured when the server is up (``port`` given and listening), else what the next connection
+    will do.
+    """
+    doors = [d for d in _state.doors.values() if d.alive()]
+    where = listening(port) if port is not None else []
+    hosts = sorted({h.removeprefix("::ffff:") for h, _ in where} - {d.host for d in doors})
+    if any(h in ("0.0.0.0", "::") for h in hosts):
+        why = f" ({_state.reason})" if _state.reason else ""
+        return f"this kernel serves TensorFlow on EVERY network interface (port {port}){why}"
+    if where:
+        said = f"this kernel serves TensorFlow on {', '.join(hosts)} only (port {port})"
+    elif _state.tried and not _state.guarded:
+        return f"once connected, this kernel serves TensorFlow on EVERY network interface ({_state.reason})"
+    elif not _state.tried:
+        from .loopback import bind_guard
+
+        guard = bind_guard(LOOPBACK)
+        if not guard.available:
+            return (
+                f"once connected, this kernel serves TensorFlow on EVERY network interface ({guard.reason})"
+            )
+        said = f"once connected, this kernel serves TensorFlow on {LOOPBACK} only"
+    else:
+        said = f"once connected, this kernel serves TensorFlow on {LOOPBACK} only"
+    for door in doors:
+        said += f", and admits {', '.join(sorted(door.peers))} at {door.host}:{door.port} ({door.refused} others refused)"
+    return said
+
+
+class _Door:
+    """A listening socket on ``host:port`` passing connections from ``peers`` to ``127.0.0.1:port``."""
+
+    def __init__(self, host: str, port: int, peers: set[str]) -> None:
+        self.host = host
+        self.port = port
+        self.peers = set(peers)
+        self.refused = 0
+        self.admitted = 0
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((host, port))
+        self._sock.listen(64)
+        self._thread = threading.Thread(target=self._serve, name=f"tfmagic-door-{host}", daemon=True)
+        self._thread.start()
+
+    def admit(self, peers: set[str]) -> None:
+        self.peers |= set(peers)
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def close(self) -> None:
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, peer = self._sock.accept()
+            except OSError:
+                return
+            if peer[0] not in self.peers:
+                self.refused += 1
+                conn.close()
+                continue
+            self.admitted += 1
+            try:
+                inner = socket.create_connection((LOOPBACK, self.port), timeout=5)
+            except OSError:
+                conn.close()
+                continue
+            inner.settimeout(None)
+            for src, dst in ((conn, inner), (inner, conn)):
+                threading.Thread(target=_pump, args=(src, dst), name="tfmagic-door-pump", daemon=True).start()
+
+
+def _pump(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while data := src.recv(1 << 16):
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        src.close()
+
+
+def peers_of(addresses: list[str]) -> set[str]:
+    """The IPv4 addresses of the hosts in ``host:port`` task addresses."""
+    found: set[str] = set()
+    for address in addresses:
+        host = address.rsplit(":", 1)[0].strip("[]")
+        try:
+            infos = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)
+        except OSError:
+            continue
+        found.update(info[4][0] for info in infos)
+    return found
