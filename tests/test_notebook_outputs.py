@@ -95,3 +95,14 @@ def test_no_startup_noise_no_missed_pace_no_build_paths(lesson_nb):
     assert "could not keep" not in text, f"{name} was committed from a run that missed its pace"
     paths = sorted(set(BUILD_PATHS.findall(text)))
     assert not paths, f"{name} prints paths of the machine that ran it: {paths}"
+
+
+def test_security_lines_say_what_this_version_does(lesson_nb):
+    """A committed "Security:" line must be what tfmagic says now: the kernel's own TensorFlow server
+    is kept on loopback (issue 22 item 2), not "on every interface" as before that change."""
+    name, _nb, text = lesson_nb
+    lines = [line for line in text.splitlines() if line.startswith("Security:")]
+    stale = [line for line in lines if "this kernel also serves TensorFlow on every interface" in line]
+    assert not stale, f"{name} was committed before the kernel's server was kept on loopback: {stale[0]}"
+    for line in lines:
+        assert "this kernel serves TensorFlow on 127.0.0.1 only" in line, f"{name}: {line}"

@@ -251,12 +251,15 @@ def connect(
         first = ctx.get_server_def() is None
         if first:
             clientserver.keep_local()
-        host = address.rsplit(":", 1)[0]
-        if not clientserver.is_loopback(host):
-            peers = clientserver.peers_of(
+        host, port = address.rsplit(":", 1)
+        peers = (
+            set()
+            if clientserver.is_loopback(host)
+            else clientserver.peers_of(
                 [a for job, tasks in jobs.items() if job != "localhost" for a in tasks.values()]
             )
-            clientserver.open_door(host, int(address.rsplit(":", 1)[1]), peers)
+        )
+        clientserver.open_door(host, int(port), peers)  # and close the door of the cluster before
         outcome: list = []
 
         def change() -> None:
@@ -327,6 +330,7 @@ def forget(owner_id: int) -> None:
     with _lock:
         if _connected is not None and _connected[0] == owner_id:
             _connected = None
+            clientserver.close_doors()  # its tasks no longer need to reach this process
 
 
 def generation() -> int:

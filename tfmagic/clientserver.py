@@ -77,19 +77,28 @@ def open_door(host: str, port: int, peers: set[str]) -> _Door | None:
     """Let ``peers`` (IP addresses) reach the client's server at ``host:port``; None if not needed.
 
     Not needed (None) when ``host`` is loopback, or when the guard is not in place (the server then
-    listens on every interface already).  A door on the same address admits the union of the peers
-    of every cluster that asked.
+    listens on every interface already).  The client is connected to one cluster at a time, so a
+    door admits the hosts of the cluster connected now, and every other door is closed.
     """
-    if is_loopback(host) or not _state.guarded:
-        return None
     with _lock:
+        for other in [h for h in _state.doors if h != host or is_loopback(host) or not _state.guarded]:
+            _state.doors.pop(other).close()
+        if is_loopback(host) or not _state.guarded:
+            return None
         door = _state.doors.get(host)
         if door is None or not door.alive():
             door = _Door(host, port, peers)
             _state.doors[host] = door
         else:
-            door.admit(peers)
+            door.peers = set(peers)
         return door
+
+
+def close_doors() -> None:
+    """Close every door (the cluster whose tasks they admitted stopped)."""
+    with _lock:
+        while _state.doors:
+            _state.doors.popitem()[1].close()
 
 
 def listening(port: int) -> list[tuple[str, int]]:
@@ -148,9 +157,6 @@ class _Door:
         self._sock.listen(64)
         self._thread = threading.Thread(target=self._serve, name=f"tfmagic-door-{host}", daemon=True)
         self._thread.start()
-
-    def admit(self, peers: set[str]) -> None:
-        self.peers |= set(peers)
 
     def alive(self) -> bool:
         return self._thread.is_alive()

@@ -252,7 +252,7 @@ class ClusterMagics(Magics):
             + ". tfmagic did not start these tasks: %tf_cluster stop only detaches, and slow, kill and restart "
             "are not available. %%tf_device worker:0 runs a cell there."
         )
-        print(f"Security: {cluster.launcher.security_note()}.")
+        print(render.security(cluster))
 
     # -- looking ---------------------------------------------------------------
     @verb("each task: address, pid, state, CPU, memory (PSS beside RSS), uptime; warm spares")
