@@ -485,8 +485,10 @@ def test_a_second_run_or_comparison_on_a_training_cluster_is_refused_in_one_line
     the caller, naming the run that trains; once that one ends, a new run starts."""
     first = tfmagic.train(c3, mode="async", model="linear", steps=100_000, block=False, name="long")
     try:
-        while first.history.steps < 5:
-            time.sleep(0.05)
+        # bounded: a run that ended at once (seen twice, under load, after the tests before it
+        # killed and healed tasks) made this loop wait for ever and CI with it
+        poll_for(lambda: first.history.steps >= 5 or not first.running, 120, what="5 updates of 'long'")
+        assert first.running, f"'long' ended before 5 updates: {first.error!r}; {first.history.events[-3:]}"
         for start in (
             lambda: tfmagic.train(c3, mode="sync", model="linear", steps=10, block=False),
             lambda: tfmagic.compare(c3, model="linear", steps=10, block=False),
