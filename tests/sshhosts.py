@@ -187,6 +187,23 @@ def loopback_host() -> SSHHosts:
     return hosts
 
 
+def _namespace(hosts: SSHHosts, bridge: str, name: str, outside: str, inside: str, address: str) -> str:
+    """Namespace ``tfmns<name>`` joined to ``bridge`` by a veth pair (``tfmv<outside>`` here,
+    ``tfmv<inside>`` in it, at ``address``/24); recorded in ``hosts`` for ``close()``."""
+    ns, outside, inside = f"tfmns{name}", f"tfmv{outside}", f"tfmv{inside}"
+    _run("ip", "netns", "add", ns)
+    hosts.namespaces.append(ns)
+    _run("ip", "link", "add", outside, "type", "veth", "peer", "name", inside)
+    hosts.links.append(outside)
+    _run("ip", "link", "set", inside, "netns", ns)
+    _run("ip", "link", "set", outside, "master", bridge)
+    _run("ip", "link", "set", outside, "up")
+    _run("ip", "-n", ns, "addr", "add", f"{address}/24", "dev", inside)
+    _run("ip", "-n", ns, "link", "set", inside, "up")
+    _run("ip", "-n", ns, "link", "set", "lo", "up")
+    return ns
+
+
 #: A /24 for the namespace hosts' bridge; checked free before use.
 SUBNET = "10.243.7"
 
@@ -213,18 +230,8 @@ def namespace_hosts(count: int = 2) -> SSHHosts:
         _run("ip", "link", "set", bridge, "up")
         entries = []
         for i in range(count):
-            ns, outside, inside = f"tfmns{tag}-{i}", f"tfmv{tag}h{i}", f"tfmv{tag}n{i}"
             address = f"{SUBNET}.{10 + i}"
-            _run("ip", "netns", "add", ns)
-            hosts.namespaces.append(ns)
-            _run("ip", "link", "add", outside, "type", "veth", "peer", "name", inside)
-            hosts.links.append(outside)
-            _run("ip", "link", "set", inside, "netns", ns)
-            _run("ip", "link", "set", outside, "master", bridge)
-            _run("ip", "link", "set", outside, "up")
-            _run("ip", "-n", ns, "addr", "add", f"{address}/24", "dev", inside)
-            _run("ip", "-n", ns, "link", "set", inside, "up")
-            _run("ip", "-n", ns, "link", "set", "lo", "up")
+            ns = _namespace(hosts, bridge, f"{tag}-{i}", f"{tag}h{i}", f"{tag}n{i}", address)
             alias = f"node{i}"
             hosts.sshd.append(_start_sshd(root, alias, host_key, address, 22, ns))
             entries.append((alias, address, 22))
@@ -243,19 +250,8 @@ def stranger(hosts: SSHHosts, last: int = 99) -> str:
     """One more namespace on the hosts' bridge (``SUBNET.<last>``), running no sshd: a machine of the
     same network that is not part of any cluster.  Returns its name; ``hosts.close()`` removes it."""
     tag = os.getpid() % 100000
-    ns, outside, inside = f"tfmns{tag}-x{last}", f"tfmv{tag}hx{last}", f"tfmv{tag}nx{last}"
     bridge = next(link for link in hosts.links if link.startswith("tfmbr"))
-    _run("ip", "netns", "add", ns)
-    hosts.namespaces.append(ns)
-    _run("ip", "link", "add", outside, "type", "veth", "peer", "name", inside)
-    hosts.links.append(outside)
-    _run("ip", "link", "set", inside, "netns", ns)
-    _run("ip", "link", "set", outside, "master", bridge)
-    _run("ip", "link", "set", outside, "up")
-    _run("ip", "-n", ns, "addr", "add", f"{SUBNET}.{last}/24", "dev", inside)
-    _run("ip", "-n", ns, "link", "set", inside, "up")
-    _run("ip", "-n", ns, "link", "set", "lo", "up")
-    return ns
+    return _namespace(hosts, bridge, f"{tag}-x{last}", f"{tag}hx{last}", f"{tag}nx{last}", f"{SUBNET}.{last}")
 
 
 if __name__ == "__main__":  # a manual check: python tests/sshhosts.py

@@ -61,11 +61,6 @@ def keep_local() -> bool:
         return _state.guarded
 
 
-def guarded() -> bool:
-    """Whether :func:`keep_local` put the guard in place in this process."""
-    return _state.guarded
-
-
 def is_loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
@@ -80,10 +75,11 @@ def open_door(host: str, port: int, peers: set[str]) -> _Door | None:
     listens on every interface already).  The client is connected to one cluster at a time, so a
     door admits the hosts of the cluster connected now, and every other door is closed.
     """
+    needed = _state.guarded and not is_loopback(host)
     with _lock:
-        for other in [h for h in _state.doors if h != host or is_loopback(host) or not _state.guarded]:
+        for other in [h for h in _state.doors if h != host or not needed]:
             _state.doors.pop(other).close()
-        if is_loopback(host) or not _state.guarded:
+        if not needed:
             return None
         door = _state.doors.get(host)
         if door is None or not door.alive():
@@ -124,18 +120,16 @@ def describe(port: int | None = None) -> str:
         return f"this kernel serves TensorFlow on EVERY network interface (port {port}){why}"
     if where:
         said = f"this kernel serves TensorFlow on {', '.join(hosts)} only (port {port})"
-    elif _state.tried and not _state.guarded:
-        return f"once connected, this kernel serves TensorFlow on EVERY network interface ({_state.reason})"
-    elif not _state.tried:
-        from .loopback import bind_guard
-
-        guard = bind_guard(LOOPBACK)
-        if not guard.available:
-            return (
-                f"once connected, this kernel serves TensorFlow on EVERY network interface ({guard.reason})"
-            )
-        said = f"once connected, this kernel serves TensorFlow on {LOOPBACK} only"
     else:
+        # why the next connection's server will not be kept on loopback ("" when it will be)
+        if _state.tried:
+            reason = _state.reason
+        else:
+            from .loopback import bind_guard
+
+            reason = bind_guard(LOOPBACK).reason
+        if reason:
+            return f"once connected, this kernel serves TensorFlow on EVERY network interface ({reason})"
         said = f"once connected, this kernel serves TensorFlow on {LOOPBACK} only"
     for door in doors:
         said += f", and admits {', '.join(sorted(door.peers))} at {door.host}:{door.port} ({door.refused} others refused)"
