@@ -55,6 +55,9 @@ class Kernel:
         # ipykernel turns off forwarding of fd 1/2 to the frontend when it sees
         # pytest; a notebook user has it on, so the tests must too.
         kenv.pop("PYTEST_CURRENT_TEST", None)
+        # A native crash (SIGSEGV inside TensorFlow) then leaves every thread's Python stack in
+        # the stderr file below, which a failing test quotes.
+        kenv.setdefault("PYTHONFAULTHANDLER", "1")
         # The kernel's own stderr (what it prints outside cells, and how it died) goes to a file,
         # quoted when the kernel dies or a cell times out.
         fd, path = tempfile.mkstemp(prefix="tfmagic-test-kernel-", suffix=".stderr")

@@ -395,6 +395,26 @@ def test_a_scripts_last_traceback_still_gets_out(tmp_path):
     assert b"Traceback (most recent call last):" in err and b"RuntimeError: boom at the end" in err
 
 
+@pytest.mark.cluster
+@pytest.mark.usefixtures("no_child_left")
+def test_a_native_crash_leaves_its_python_stacks_on_the_real_stderr(tmp_path):
+    # A kernel that dies inside TensorFlow (SIGSEGV) says nothing unless faulthandler's trace gets
+    # out; with fd 2 a pipe read by a thread of the dying process, it would be lost with it.
+    code = f"""
+        import ctypes, faulthandler
+        from tfmagic import logfilter
+        faulthandler.enable()
+        logfilter.install({str(tmp_path / "native.log")!r})
+        def crash_here_on_purpose():
+            ctypes.string_at(0)
+        crash_here_on_purpose()
+    """
+    rc, _, err = run_child(code, timeout=60)
+    assert rc == -signal.SIGSEGV, (rc, err[-2000:])
+    assert b"Fatal Python error: Segmentation fault" in err, err[-2000:]
+    assert b"crash_here_on_purpose" in err, err[-2000:]
+
+
 TF_PORT_CLASH = """
     import socket
     import tensorflow as tf

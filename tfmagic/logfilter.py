@@ -47,6 +47,7 @@ their stderr redirected to a file, as the launchers do.
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import os
 import re
 import select
@@ -218,6 +219,7 @@ class NativeLogFilter:
         _flush_sys_stderr()
         os.dup2(write_fd, 2)
         os.close(write_fd)  # fd 2 is now the only write end we hold
+        _point_faulthandler(self._downstream)
         self._thread = threading.Thread(target=self._run, name="tfmagic-native-log-filter", daemon=True)
         self._thread.start()
 
@@ -264,6 +266,7 @@ class NativeLogFilter:
     def _restore_fd2(self) -> None:
         if self._downstream >= 0 and self._owns_fd2():
             os.dup2(self._downstream, 2)
+            _point_faulthandler(2)
 
     # -- the reader thread ---------------------------------------------------
 
@@ -392,6 +395,14 @@ def _write_all(fd: int, data: bytes | bytearray) -> bool:
             return False
         view = view[written:]
     return True
+
+
+def _point_faulthandler(fd: int) -> None:
+    """A fatal signal's Python traceback (``PYTHONFAULTHANDLER``, ``-X faulthandler``) is written
+    by the dying process itself; into fd 2 it would land in the pipe whose reader dies with it, so
+    while the filter holds fd 2 the handler writes to what fd 2 was."""
+    if faulthandler.is_enabled():
+        faulthandler.enable(file=fd, all_threads=True)
 
 
 def _flush_sys_stderr() -> None:
