@@ -383,7 +383,12 @@ def test_replacing_a_cluster_does_not_spill_stale_handle_errors(tmp_path):
 
 
 def test_main_job_tfmagic_demo_runs_end_to_end():
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(tfmagic.__file__)))
+    # strict: the picture it writes is checked as it is made (no text clipped or overlapping, axes labelled)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.path.dirname(os.path.dirname(tfmagic.__file__)),
+        TFMAGIC_LESSON_STRICT="1",
+    )
     out = subprocess.run(
         [sys.executable, "-m", "tfmagic.cli", "demo"], capture_output=True, text=True, env=env, timeout=300
     )

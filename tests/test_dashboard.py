@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 
 import tfmagic
+from tfmagic import figcheck, plots
 from tfmagic.dashboard import Dashboard
 from tfmagic.dashdata import GanttTrace
 from tfmagic.training import TrainingRun
@@ -44,6 +45,13 @@ def _watched(cluster, mode: str, steps: int, **kw) -> tuple[Dashboard, object]:
     history = run.wait()
     dash.wait(30)
     assert not dash.refreshing and dash.frames >= 2 and dash.last_png.startswith(b"\x89PNG")
+    # every picture of this run reads without help: no text cut or over other text, axes labelled
+    figcheck.require(dash.figure, f"the dashboard of a {mode} run")
+    figcheck.require(plots.convergence_figure([history]), f"the convergence figure of a {mode} run")
+    figcheck.require(plots.gantt_figure(history), f"the Gantt figure of a {mode} run")
+    if mode != "sync":
+        figcheck.require(plots.staleness_figure(history), f"the staleness figure of a {mode} run")
+    figcheck.require(cluster.placement().figure(), "the placement figure")
     return dash, history
 
 

@@ -356,3 +356,22 @@ def test_a_frame_that_redraws_some_axes_looks_like_a_full_redraw():
             compared += 1
             dash.full_draws = 1
     assert compared >= 2, "the run must have changed some limits after the first frame"
+
+
+def test_a_finished_runs_frame_fits_its_axes_and_close_events_share_a_label():
+    """After the run: the axes end where the data end (not at the next doubling), every text of
+    the frame reads (tfmagic.figcheck), and a kill and a restart 0.1 s apart get one label."""
+    from tfmagic import figcheck
+    from tfmagic.dashboard import Dashboard
+
+    h = _sync_history(workers=3, updates=120, t0=time.time() - 20)
+    h.ended_at = h.global_steps[-1].time
+    dash = Dashboard(None, runs=[h])
+    t = h.global_steps[60].time
+    for dt, kind in ((0.0, "kill"), (0.1, "restart")):
+        dash.marks.append(place_event(Event(t + dt, kind, "worker:1", "", step=60), dash.origin, None))
+    assert figcheck.problems(dash.figure) == []
+    loss = dash._ax["loss"]
+    assert 120 <= loss.get_xlim()[1] <= 125, loss.get_xlim()
+    labels = [a.get_text() for a in dash._ax["tp"].texts]
+    assert "worker:1 kill; worker:1 restart" in labels, labels

@@ -254,7 +254,7 @@ class Dashboard:
                 "gantt": fig.add_subplot(grid[1, :2]),
                 "stale": fig.add_subplot(grid[1, 2]),
             }
-            fig.subplots_adjust(left=0.06, right=0.99, bottom=0.08, top=0.95, wspace=0.22, hspace=0.42)
+            fig.subplots_adjust(left=0.07, right=0.99, bottom=0.08, top=0.95, wspace=0.28, hspace=0.42)
             smooth = next((t.smooth for t in self.traces if t.smooth), self.smooth)
             loss_title = (
                 f"training loss, moving mean of {smooth} updates"
@@ -262,22 +262,29 @@ class Dashboard:
                 else "training loss per update (raw)"
             )
             titles = {
-                "tp": (f"worker steps/s (last {self.window:g} s, warm-up apart)", "seconds after warm-up"),
-                "loss": (loss_title, X_AXES[self.x]),
-                "eval": ("held-out loss (same examples, every mode)", X_AXES[self.x]),
+                "tp": (
+                    f"worker steps/s (last {self.window:g} s, warm-up apart)",
+                    "seconds after warm-up",
+                    "steps/s",
+                ),
+                "loss": (loss_title, X_AXES[self.x], "training loss (log)"),
+                "eval": ("held-out loss (same examples, every mode)", X_AXES[self.x], "held-out loss (log)"),
                 "gantt": (
                     f"each worker's last {self.gantt_steps} steps: busy, waiting for the others, dropped",
                     "seconds before the latest step",
+                    "task",
                 ),
                 "stale": (
-                    "staleness of applied gradients (dotted: the mean)",
+                    "staleness (dotted: the mean)",
                     "updates by others between read and apply",
+                    "share of steps",
                 ),
             }
-            for key, (title, xlabel) in titles.items():
+            for key, (title, xlabel, ylabel) in titles.items():
                 a = ax[key]
                 a.set_title(title, fontsize=9)
                 a.set_xlabel(xlabel, fontsize=8, labelpad=1)
+                a.set_ylabel(ylabel, fontsize=8, labelpad=1)
                 a.grid(alpha=0.3)
                 a.tick_params(labelsize=8)
                 a.xaxis.set_major_locator(MaxNLocator(5))
@@ -291,7 +298,6 @@ class Dashboard:
                 a.yaxis.set_minor_locator(NullLocator())
                 a.yaxis.set_minor_formatter(NullFormatter())
             ax["stale"].set_ylim(0, 1.05)
-            ax["stale"].set_ylabel("share of steps", fontsize=8)
             ax["stale"].yaxis.set_major_locator(MaxNLocator(3))
             ax["gantt"].grid(False)
             from matplotlib.patches import Patch
@@ -383,6 +389,7 @@ class Dashboard:
             else:
                 xs_loss.append(max(x))
                 losses.extend(v for v in y if v > 0)
+        xs_tp.extend(m.t - self._offset() for m in list(self.marks))  # every event's line in view
         # Every change of limits redraws the axes (60-140 ms here, against 9 ms for a usual
         # frame, and it holds the Python lock the training threads need), so limits grow in
         # few, large steps: measured, a 3,000-step run redrew 8 times when they doubled.
@@ -410,7 +417,7 @@ class Dashboard:
             # edge for long), then fourfold up to the planned steps: one redraw in a run.
             first = float(min(planned, max(100, planned / 4))) if planned else 100.0
             loss_x = grow(lim.get("loss_x", first), max(xs_loss), 4.0)
-            lim["loss_x"] = min(loss_x, float(planned)) if planned >= max(xs_loss) else loss_x
+            lim["loss_x"] = min(loss_x, float(planned)) if 0 < planned >= max(xs_loss) else loss_x
         if losses:
             lo = 10 ** math.floor(math.log10(min(losses)))
             hi = 10 ** math.ceil(math.log10(max(losses)))
@@ -419,6 +426,18 @@ class Dashboard:
             lim["loss"] = (min(lo, lim.get("loss", (lo, hi))[0]), max(hi, lim.get("loss", (lo, hi))[1]))
         top = max([0] + [max(t["staleness"]) for t in traces if t["staleness"]])
         lim["stale_x"] = grow(lim.get("stale_x", 4.0), top + 1.0)
+        if not self.active:
+            # Nothing trains any more: one last redraw fits the axes to what was measured (a 2 s
+            # run is not drawn on a 30 s axis, 120 updates not on 480).
+            lim["tp_x"] = max(1.0, max(xs_tp) * 1.05)
+            lim["tp_y"] = max(1.0, max(ys_tp) * 1.15)
+            lim["loss_x"] = max(1.0, max(xs_loss) * 1.03)
+            lim["stale_x"] = top + 1.0
+            if losses:
+                lim["loss"] = (
+                    10 ** math.floor(math.log10(min(losses))),
+                    10 ** math.ceil(math.log10(max(losses))),
+                )
         return tuple(sorted(lim.items()))
 
     def _warmups(self) -> list[tuple[float, float]]:
@@ -645,7 +664,10 @@ class Dashboard:
                     loss_marks.append((x, m.kind))
         time_marks = [(m.t - offset, m.kind, m.label) for m in list(self.marks)]
         warm = [(a - offset, b - offset) for a, b in self._warmups()]
-        key = (tuple(loss_marks), tuple(time_marks), tuple(warm), self.x)
+        # Labels are written upright beside their line; two events closer than this on the time
+        # axis would be written over each other, so they share one label.
+        gap = 0.035 * (self._lim.get("tp_x", 30.0) - self._lim.get("tp_x0", 0.0))
+        key = (tuple(loss_marks), tuple(time_marks), tuple(warm), self.x, gap)
         if key == self._marks_drawn:
             return False
         for artist in self._mark_artists:
@@ -656,7 +678,8 @@ class Dashboard:
                 self._mark_artists.append(a.axvline(x, color=MARK_COLORS.get(kind, "#7f7f7f"), ls="--", lw=1))
         for a, b in warm:  # shown apart: no throughput is counted there
             self._mark_artists.append(ax["tp"].axvspan(a, b, color="#bbbbbb", alpha=0.35, lw=0))
-        if warm:
+        labels = _grouped_labels(time_marks, gap)
+        if warm and all(abs(t - sum(warm[0]) / 2) > gap for t, _ in labels):
             a, b = warm[0]
             self._mark_artists.append(
                 ax["tp"].annotate(
@@ -670,9 +693,10 @@ class Dashboard:
                     va="center",
                 )
             )
-        for t, kind, label in time_marks:
+        for t, kind, _ in time_marks:
             c = MARK_COLORS.get(kind, "#7f7f7f")
             self._mark_artists.append(ax["tp"].axvline(t, color=c, ls="--", lw=1))
+        for t, label in labels:
             self._mark_artists.append(
                 ax["tp"].annotate(
                     label,
@@ -680,9 +704,10 @@ class Dashboard:
                     xycoords=("data", "axes fraction"),
                     rotation=90,
                     fontsize=7,
-                    color=c,
+                    color="#444444",
                     va="top",
                     ha="right",
+                    annotation_clip=True,  # never written into the next panel
                 )
             )
         self._marks_drawn = key
@@ -1000,6 +1025,13 @@ class Dashboard:
         """The dashboard made last in this process (``%tf_train`` and ``%tf_dashboard`` make one)."""
         return cls._latest() if cls._latest is not None else None
 
+    @property
+    def figure(self):
+        """The matplotlib Figure the frames are drawn on (the latest frame; one is drawn if none was)."""
+        if self._fig is None:
+            self.draw()
+        return self._fig
+
     def save(self, path: str | Path) -> Path:
         """Write the latest frame as a PNG (a static picture outside a notebook)."""
         path = Path(path)
@@ -1013,3 +1045,18 @@ class Dashboard:
             self._display.update(self)
         except Exception:  # noqa: BLE001 - the front end may be gone; the widget still holds the frame
             pass
+
+
+def _grouped_labels(marks: list[tuple[float, str, str]], gap: float) -> list[tuple[float, str]]:
+    """One label per group of events less than ``gap`` apart on the time axis, at the group's first.
+
+    ``[(1.0, "kill", "worker:1 killed"), (1.2, "restart", "worker:1 restarted")]`` with a gap of 0.5
+    gives ``[(1.0, "worker:1 killed; worker:1 restarted")]``.
+    """
+    groups: list[tuple[float, list[str]]] = []
+    for t, _, label in sorted(marks, key=lambda m: m[0]):
+        if groups and t - groups[-1][0] < gap:
+            groups[-1][1].append(label)
+        else:
+            groups.append((t, [label]))
+    return [(t, "; ".join(dict.fromkeys(names))) for t, names in groups]

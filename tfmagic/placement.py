@@ -149,7 +149,9 @@ class Placement:
         ax.set_ylim(0, 1.15)
         ax.axis("off")
         ax.set_title("where the variables live (height: bytes)", fontsize=10)
-        return fig
+        from .figcheck import checked
+
+        return checked(fig, "the placement figure")
 
     def _repr_html_(self) -> str:
         import base64

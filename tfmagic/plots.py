@@ -86,18 +86,39 @@ def convergence_figure(
                 top.plot(*training_curve(h, x), color=color, label=f"{h.run} (training loss)")
             label = f"{h.run}, moving mean of {smooth} updates" if smooth and smooth > 1 else h.run
             bottom.plot(*training_curve(h, x, smooth), color=color, lw=0.8, label=label)
-        top.set_title(f"held-out loss against {X_AXES[x]}")
+        top.set_title(f"held-out loss by {x}")
         bottom.set_title(
             "training loss of each update" + (" (smoothed)" if smooth and smooth > 1 else " (raw)")
         )
-        for ax in (top, bottom):
+        for ax, quantity in ((top, "held-out loss"), (bottom, "training loss")):
             ax.set_xlabel(X_AXES[x])
-            ax.set_yscale("log")
+            log_y(ax, f"{quantity} (log scale)")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
     fig.suptitle(title)
+    return _laid_out(fig, "the convergence figure")
+
+
+def log_y(ax, label: str) -> None:
+    """A log y axis whose ticks read as plain numbers (0.5, 2), not ``2x10^0``, labelled ``label``."""
+    from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
+
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0), numticks=6))
+    ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set_ylabel(label)
+
+
+def _laid_out(fig, what: str):
+    """``fig`` after ``tight_layout`` on the canvas it is saved with, checked when lessons run strictly."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from .figcheck import checked
+
+    FigureCanvasAgg(fig)
     fig.tight_layout()
-    return fig
+    return checked(fig, what)
 
 
 def gantt_shares(history: History, steps: int = 10) -> dict[str, dict[str, float]]:
@@ -137,6 +158,7 @@ def gantt_figure(history: History, steps: int = 10, title: str | None = None, ax
                     bars, (y - 0.35, 0.7), facecolors=SEGMENT_COLORS[kind], edgecolor="white", lw=0.6
                 )
     ax.set_yticks(range(len(tasks)), tasks)
+    ax.set_ylabel("task")
     ax.set_ylim(len(tasks) - 0.5, -0.5)
     ax.set_xlim(-(t1 - t0), 0)
     ax.set_xlabel("seconds before the run's last step")
@@ -149,9 +171,7 @@ def gantt_figure(history: History, steps: int = 10, title: str | None = None, ax
         frameon=False,
     )
     ax.set_title(title or f"{history.run}: each worker's last {steps} steps")
-    if fig is not None:
-        fig.tight_layout()
-    return fig
+    return fig if fig is None else _laid_out(fig, "the Gantt figure")
 
 
 def staleness_figure(histories: History | Sequence[History]):
@@ -187,8 +207,7 @@ def staleness_figure(histories: History | Sequence[History]):
     ax.set_xlabel("staleness (updates by others between read and apply)")
     ax.set_ylabel("share of applied steps")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+    return _laid_out(fig, "the staleness figure")
 
 
 def histogram_figure(series, title: str = "weights", most: int = 6):
@@ -216,8 +235,7 @@ def histogram_figure(series, title: str = "weights", most: int = 6):
     ax.set_ylabel("weights per bin (count)")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
+    return _laid_out(fig, "the histogram figure")
 
 
 def png_bytes(fig) -> bytes:

@@ -64,6 +64,7 @@ def measure(lab: Lab) -> Finding:
         color=["#7f7f7f", "#1f77b4", "#2ca02c", "#d62728"],
     )
     a.set_ylabel("ms per sync update (median)")
+    a.tick_params(axis="x", labelsize=8)  # four two-line names side by side
     a.set_title("the backup absorbs the straggler")
     for h, name, color in (
         (base, "2 of 3, nobody slowed", "#1f77b4"),

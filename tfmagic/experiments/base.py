@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import TfmagicError, TrainingError
+from ..figcheck import checked
 
 #: every experiment finishes within this many seconds on a 2-core machine ...
 TIME_LIMIT = 150.0
@@ -400,7 +401,7 @@ def _conclude(name, claim, seed, measure, progress, memory_limit) -> Result:
         measured=finding.measured,
         holds=not reasons,
         why="; ".join(reasons) or None,
-        figure=finding.figure,
+        figure=None if finding.figure is None else checked(finding.figure, f"{name}'s figure"),
         seconds=seconds,
         seed=seed,
         peak_memory=peak,

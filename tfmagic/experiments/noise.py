@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import statistics
 
+from ..plots import log_y
 from .base import Check, Claim, Finding, Lab, figure
 
 CLAIM = Claim(
@@ -92,15 +93,15 @@ def measure(lab: Lab) -> Finding:
         (control, "#ff9896", f"async, {WORKERS}x batch"),
     ):
         left.plot([e[0] for e in h.evals], [e[2] for e in h.evals], color=color, label=label)
-    left.set_yscale("log")
+    log_y(left, "held-out loss (256 examples)")
     left.set_xlabel("updates")
-    left.set_ylabel("held-out loss (256 examples)")
     left.legend(fontsize=8)
     steps_s = [e[0] for e in sync.evals if e[0] > SETTLE]
     steps_a = [e[0] for e in asyn.evals if e[0] > SETTLE]
     right.plot(steps_s, s, "o-", color="#1f77b4", label=f"sync, sd {sd_s:.2g}")
     right.plot(steps_a, a, "o-", color="#d62728", label=f"async, sd {sd_a:.2g}")
     right.set_xlabel(f"updates (after {SETTLE})")
+    right.set_ylabel("held-out loss")
     right.set_title("raw, not smoothed")
     right.legend(fontsize=8)
     fig.tight_layout()
