@@ -40,7 +40,7 @@
 # | [05 · Beyond one machine](05_beyond_one_machine.ipynb) | the same cluster over SSH and Spark; attaching to a cluster someone else started | 20 | 39 s | 01; SSH hosts or Spark for parts |
 # | [06 · The classic experiments](06_classic_experiments.ipynb) | six textbook claims, measured and checked against what was published | 30 | 5.2 min | 02, 03 |
 # | [07 · Inside the cluster](07_inside_the_cluster.ipynb) | where every variable lives, what moves over each link, who waits on whom when it hangs | 20 | 1.6 min | 01 |
-# | [08 · What else the source articles ask](08_from_the_seeds.ipynb) | a ps on the CPU and a GPU per worker; model parallelism; resizing a running cluster; TensorFlowOnSpark's `map_fun(args, ctx)` in tfmagic; TensorBoard's weight histograms | 20 | 1.1 min | 01, 04 |
+# | [08 · What else the source articles ask](08_from_the_seeds.ipynb) | a ps on the CPU and a GPU per worker; model parallelism; resizing a running cluster; TensorFlowOnSpark's `map_fun(args, ctx)` in tfmagic; TensorBoard's weight histograms; each worker its own batch size | 20 | 1.1 min | 01, 04 |
 #
 # ```text
 #   this notebook's kernel ── the client: builds the ops, says where each runs, draws the plots

@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # 08 · What else the source articles ask: devices per task, model parallelism, resizing, TensorFlowOnSpark, weight histograms
+# # 08 · What else the source articles ask: devices per task, model parallelism, resizing, TensorFlowOnSpark, weight histograms, per-worker batches
 #
 # **What you will learn** (about 20 minutes)
 #
@@ -24,7 +24,8 @@
 # 3. to resize a running cluster: a worker joins an asynchronous run and leaves it again (source article 004);
 # 4. how a TensorFlowOnSpark program (`map_fun(args, ctx)`, its input modes) maps onto tfmagic (source
 #    articles 000 and 003);
-# 5. TensorBoard's per-layer weight histograms of a run (source article 003).
+# 5. TensorBoard's per-layer weight histograms of a run (source article 003);
+# 6. each worker its own batch size, and what sync then averages (source article 002).
 #
 # Each part checks what it says on the run you make (the `✓` lines).
 
@@ -274,6 +275,43 @@ lesson.expect(
 board = tfmagic.tensorboard.show(logdir)
 lesson.expect(not board.error, claim="TensorBoard started for this logdir")
 board
+
+# %% [markdown]
+# ## 6 · Each worker its own batch size
+#
+# Source article 002 gives each worker its own batch size, so that a faster machine takes more examples per
+# step. In sync training the two gradients are then not worth the same: worker:0's, from 64 examples, is the
+# mean over four times as many examples as worker:1's, from 16. tfmagic averages them **weighted by
+# examples**, so that each update is the gradient of the mean loss over all 80 examples of the step (a plain
+# mean would give worker:1's 16 examples as much say as worker:0's 64).
+#
+# **Predict:** how many examples does each worker take per step, and how many does one update consume?
+
+# %%
+sized = tfmagic.train(
+    tfmagic.current_cluster(),
+    mode="sync",
+    model="digits",
+    steps=60,
+    batch_size={"worker:0": 64, "worker:1": 16},
+    name="sized",
+)
+per_step = {
+    t: sorted({r.examples for r in sized.records if str(r.task) == t}) for t in ("worker:0", "worker:1")
+}
+print("examples per step:", per_step)
+print(f"examples per update: {sized.examples_seen() / sized.steps:g}")
+lesson.expect(
+    per_step == {"worker:0": [64], "worker:1": [16]}, claim="each worker took its own batch at every step"
+)
+lesson.expect(sized.examples_seen() / sized.steps, between=(80, 80), claim="each update consumed 80 examples")
+lesson.expect(sized.evals[-1][2] < sized.evals[0][2], claim="and the held-out loss fell")
+
+# %% [markdown]
+# Each update was the mean over 80 examples, the 64 of worker:0 counted four times as much as the 16 of
+# worker:1. The engine's test checks the weights it reaches against a single-process computation of the same
+# weighted average (`tests/test_training.py`). In asynchronous training nothing is averaged: each worker's
+# gradient is applied as it comes, so the larger batch only makes that worker's updates less noisy and slower.
 
 # %%
 board.kill()

@@ -98,3 +98,22 @@ def test_async_staleness_histogram_centres_on_workers_minus_one(paced):
         assert len(xs) >= 10 and ys[-1] < ys[0], (x, xs, ys)
         if x == "examples":
             assert max(xs) <= history.examples_seen() and max(xs) > 0.8 * 300 * 32
+
+
+def test_per_worker_batch_sizes_on_the_thread_per_worker_path(paced):
+    """Sync on a paced cluster runs a thread per worker and averages on the ps (steps.make_apply): with
+    each worker its own batch, the average is weighted by examples, as the single-process reference."""
+    import numpy as np
+
+    from tfmagic.training.models import Linear
+
+    from .test_training import reference_sync
+
+    sizes = {"worker:0": 24, "worker:1": 8, "worker:2": 8}
+    run = TrainingRun(paced, "sync", model=Linear(), steps=20, batch_size=sizes, lr=0.1).start()
+    run.wait()
+    assert run.history.config["engine"] == "sync"
+    expected = reference_sync(Linear(), 3, 20, [24, 8, 8], "sgd", 0.1)
+    for got, want in zip(run.final_weights, expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert {r.task: r.examples for r in run.history.records} == sizes

@@ -207,13 +207,16 @@ def test_bad_targets(px_cluster):
         run_px(px_cluster, "1", targets="worker:5")
 
 
-def test_a_task_that_dies_mid_cell_is_reported_and_others_finish():
+def test_a_task_that_dies_mid_cell_is_reported_and_others_finish(capsys):
     with tfmagic.LocalCluster(ps=0, workers=2, spares=False) as cluster:
         r = run_px(
             cluster,
             "import os, signal, time\nif task_index == 1:\n    os.kill(os.getpid(), signal.SIGKILL)\n"
             "time.sleep(1)\n'alive'",
         )
+        assert r.follow() == ["worker:1 died"]
+        # a script is told what a script can run (the magic says %tf_cluster logs worker:1)
+        assert "see cluster.logs('worker:1')" in capsys.readouterr().err
         out = r.wait(30)
         assert out["worker:0"].status == "ok" and out["worker:0"].result == "alive"
         assert out["worker:1"].status == "died" and "exit code -9" in out["worker:1"].evalue

@@ -17,9 +17,16 @@ from .conftest import SHARED, assert_gone, poll_for, share
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("no_leaks")]
 
 
-def reference_sync(model, workers: int, steps: int, batch: int, optimizer: str, lr: float, seed: int = 0):
-    """Single-process sync SGD on the same shards and batches: the ground truth."""
+def reference_sync(
+    model, workers: int, steps: int, batch, optimizer: str, lr: float, seed: int = 0, weighted: bool = True
+):
+    """Single-process sync SGD on the same shards and batches: the ground truth.
+
+    ``batch`` is one size, or a list with each worker's; with sizes that differ the gradients are
+    averaged weighted by examples (``weighted=False``: a plain mean, to show the difference)."""
     import tensorflow as tf
+
+    sizes = list(batch) if isinstance(batch, (list, tuple)) else [batch] * workers
 
     with tf.device("/job:localhost/replica:0/task:0/device:CPU:0"):
         weights = [tf.Variable(w) for w in model.initial_weights(seed)]
@@ -28,12 +35,18 @@ def reference_sync(model, workers: int, steps: int, batch: int, optimizer: str, 
         shards = [model.data.shard(i, workers) for i in range(workers)]
         for t in range(steps):
             grads = []
-            for x, y in shards:
-                idx = (t * batch + np.arange(batch)) % len(x)
+            for (x, y), size in zip(shards, sizes, strict=True):
+                idx = (t * size + np.arange(size)) % len(x)
                 with tf.GradientTape() as tape:
                     loss = model.loss(weights, tf.constant(x[idx]), tf.constant(y[idx]))
                 grads.append(tape.gradient(loss, weights))
-            avg = [tf.add_n([g[j] for g in grads]) / float(workers) for j in range(len(weights))]
+            if len(set(sizes)) > 1 and weighted:
+                avg = [
+                    tf.add_n([g[j] * float(n) for g, n in zip(grads, sizes, strict=True)]) / float(sum(sizes))
+                    for j in range(len(weights))
+                ]
+            else:
+                avg = [tf.add_n([g[j] for g in grads]) / float(workers) for j in range(len(weights))]
             opt.apply(avg, weights)
         return [w.numpy() for w in weights]
 
@@ -59,6 +72,40 @@ def test_sync_equals_single_process_reference(local_cluster, model, optimizer, l
     assert all(r.applied and not r.dropped for r in h.records)
     assert [g.step for g in h.global_steps] == list(range(1, 41))
     assert all(sorted(g.aggregated) == ["worker:0", "worker:1"] for g in h.global_steps)
+
+
+def test_per_worker_batch_sizes_weight_syncs_average_by_examples(local_cluster):
+    # Seed 002: each worker its own batch. Sync's average is then the mean over all the examples of
+    # the step (worker:0's 24 count three times worker:1's 8). The thread-per-worker path (paced
+    # clusters, backup workers) is checked the same way in tests/test_dashboard.py, on a paced cluster.
+    sizes = {"worker:0": 24, "worker:1": 8}
+    run = run_to_end(local_cluster, "sync", model=Linear(), steps=20, batch_size=sizes, lr=0.1)
+    assert run.history.config["engine"] == "fused" and run.history.config["batch_size"] == sizes
+    expected = reference_sync(Linear(), 2, 20, [24, 8], "sgd", 0.1)
+    plain = reference_sync(Linear(), 2, 20, [24, 8], "sgd", 0.1, weighted=False)
+    assert not np.allclose(expected[0], plain[0], rtol=1e-3), "the weighting must matter for this test"
+    for got, want in zip(run.final_weights, expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    examples = {r.task: r.examples for r in run.history.records}
+    assert examples == {"worker:0": 24, "worker:1": 8}
+    assert run.history.examples_seen() == 20 * 32
+
+
+@pytest.mark.parametrize(
+    "sizes, match",
+    [
+        (
+            {"worker:2": 16},
+            r"names 'worker:2', which is not a worker of this cluster \(its workers are worker:0 to worker:1\)",
+        ),
+        ({"ps:0": 16}, "names 'ps:0', which is not a worker"),
+        ({"worker:0": 0}, r"batch_size\['worker:0'\] must be a whole number >= 1, not 0"),
+        ({}, "names no worker"),
+    ],
+)
+def test_bad_per_worker_batch_sizes_say_what_to_give(local_cluster, sizes, match):
+    with pytest.raises(TrainingError, match=match):
+        TrainingRun(local_cluster, "sync", model=Linear(), steps=5, batch_size=sizes)
 
 
 def test_variables_are_spread_over_the_ps_tasks_and_data_stays_on_workers():
@@ -210,6 +257,15 @@ def test_async_goes_on_without_a_lost_worker_and_it_rejoins_after_restart(c3):
     rejoin_at = next(e.time for e in h.events if e.kind == "rejoin")
     assert any(r.task == "worker:2" and r.start >= rejoin_at for r in h.records), "worker:2 stepped again"
     assert h.error is None and h.final_accuracy > 0.9
+    # Every update the ps applied is accounted for: recorded, or counted as made by the killed worker
+    # just before it died (its last rows were on it; a run used to end "2490/2500 updates").
+    recorded = {g.step for g in h.global_steps}
+    assert len(recorded) == h.steps, "no update recorded twice"
+    assert h.steps + h.unrecorded == 2500, (h.steps, h.unrecorded)
+    assert len(set(range(1, 2501)) - recorded) == h.unrecorded
+    if h.unrecorded:
+        assert any("worker:2" in n and "have no record" in n for n in h.notes), h.notes
+        assert f"{h.steps} updates recorded, 2500 applied" in h.summary()
 
 
 def test_sync_with_a_backup_goes_on_when_a_worker_dies(c3):
@@ -521,3 +577,41 @@ def test_an_event_after_the_runs_last_update_is_refused_in_one_line(c3):
     run = tfmagic.train(c3, "async", model="linear", steps=20, events="20: slow worker:1 1", block=False)
     run.wait(120)
     assert [(str(e), e.done) for e in run.scheduled.events] == [("20: slow worker:1 1", True)]
+
+
+def test_the_engines_retracing_stays_out_of_the_notebook_and_a_users_does_not(local_cluster):
+    # Every run traces its step functions anew; after a few short runs TensorFlow warned "N out of
+    # the last N calls to <function> triggered tf.function retracing" into the notebook, as if the
+    # user's code were at fault. The engine's go to the kernel's log; a user's own still warn.
+    import logging
+
+    import tensorflow as tf
+
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    logger = logging.getLogger("tensorflow")
+    handler, level = Keep(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.WARNING)
+    try:
+        for i in range(7):
+            run_to_end(
+                local_cluster, "sync" if i % 2 else "async", model=Linear(), steps=2, name=f"short-{i}"
+            )
+        assert not [m for m in seen if "retracing" in m], seen
+
+        @tf.function
+        def users(x):
+            return x * 2
+
+        for n in range(8):
+            users(tf.constant([1.0] * (n + 1)))  # a new shape each call: a new trace each time
+            users(float(n))
+        assert [m for m in seen if "retracing" in m], "a user's own retracing is still shown"
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)

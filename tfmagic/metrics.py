@@ -121,6 +121,9 @@ class History:
         self.config: dict = {}
         #: what the reader must know to trust the figures (a pace the machine could not keep, ...)
         self.notes: list[str] = []
+        #: updates the ps applied whose records died with the worker that made them (killed before
+        #: its ring of step records was read): counted, never made up
+        self.unrecorded = 0
         #: where the run put its variables: (name, task, shape, dtype, bytes), for the placement map
         self.layout: list[tuple[str, str, tuple, str, int]] = []
         self._lock = threading.Lock()
@@ -379,6 +382,7 @@ class History:
         tp = self.throughput()
         lines = [
             f"{self.run}: {self.steps} updates"
+            + (f" recorded, {self.steps + self.unrecorded} applied" if self.unrecorded else "")
             + (f", {self.final_loss_label} {self.final_loss:.4f}" if self.final_loss is not None else "")
             + (f", accuracy {self.final_accuracy:.3f}" if self.final_accuracy is not None else "")
             + (f" (stopped: {self.error})" if self.error else "")

@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from . import doctor, events, waits
@@ -316,11 +317,12 @@ class PxRun:
 
     cancel = interrupt
 
-    def follow(self) -> list[str]:
+    def follow(self, say: Callable[[str], str] = str) -> list[str]:
         """Print the tasks' output as it arrives, each line prefixed with its task, until every task
         has finished the cell (an interrupt interrupts them; a task stopped from outside or one that
         does not stop within 10 s of an interrupt is left to go on); returns what went wrong, per task.
-        What ``%%tf_px`` shows, for scripts too."""
+        What ``%%tf_px`` shows, for scripts too: advice is written as Python (``cluster.logs('worker:1')``),
+        and ``say`` rewrites it for another reader (the magic passes its own: ``%tf_cluster logs worker:1``)."""
         if self.importing:
             print(
                 f"({', '.join(self.importing)}: importing TensorFlow's Python API for a first cell, "
@@ -336,7 +338,7 @@ class PxRun:
         if threading.current_thread() is threading.main_thread():
             previous = signal.signal(signal.SIGINT, lambda signum, frame: sigint.__setitem__(0, True))
         try:
-            self._follow_events(sigint)
+            self._follow_events(sigint, say)
         finally:
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
@@ -354,7 +356,7 @@ class PxRun:
                 failed.append(f"{task} still running")
         return failed
 
-    def _follow_events(self, sigint: list) -> None:
+    def _follow_events(self, sigint: list, say: Callable[[str], str]) -> None:
         import queue as _queue
 
         interrupted_at = None
@@ -412,7 +414,7 @@ class PxRun:
                     print(f"[{task}] in words: {said}", file=sys.stderr)
             elif kind == "died":
                 detail = payload.evalue if hasattr(payload, "evalue") else payload
-                print(f"[{task}] {detail}; see %tf_cluster logs {task}", file=sys.stderr)
+                print(f"[{task}] {detail}; see " + say(f"cluster.logs('{task}')"), file=sys.stderr)
             elif kind == "stopped":
                 print(f"[{task}] {payload.evalue}", file=sys.stderr)
 

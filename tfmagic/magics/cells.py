@@ -76,7 +76,7 @@ class CellMagics(Magics):
                     f"{args.output} fills in as each task finishes the cell ({args.output}[task]; run.wait() waits)."
                 )
             return run
-        failed = run.follow()
+        failed = run.follow(say=render.as_magic)
         if args.output:
             self.shell.user_ns[args.output] = run.results
         if failed:

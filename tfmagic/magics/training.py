@@ -11,7 +11,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from .. import session
 from ..errors import TfmagicError
 from . import render
-from .verbs import count, positive, positive_count, seconds, unquote, without_comment
+from .verbs import batch_sizes, count, positive, positive_count, seconds, unquote, without_comment
 
 
 @magics_class
@@ -52,7 +52,12 @@ class TrainingMagics(Magics):
     )
     @argument("--steps", type=positive_count, default=200, help="global updates to apply")
     @argument("--lr", type=positive, default=0.1, help="learning rate (a finite number > 0)")
-    @argument("--batch-size", type=positive_count, default=32, help="examples per worker step")
+    @argument(
+        "--batch-size",
+        type=batch_sizes,
+        default=32,
+        help="examples per worker step: 32, or each worker its own: worker:0=64,worker:1=16",
+    )
     @argument(
         "--backup-workers",
         type=count,

@@ -45,6 +45,25 @@ def positive_count(text: str) -> int:
     return n
 
 
+def batch_sizes(text: str) -> int | dict[str, int]:
+    """``64`` for every worker, or ``worker:0=64,worker:1=16`` for each its own (the engine checks the names)."""
+    if "=" not in text:
+        if not (text.isascii() and text.lstrip("-").isdigit()):
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a batch size; give one number (32) or each worker's (worker:0=64,worker:1=16)"
+            )
+        return positive_count(text)
+    sizes: dict[str, int] = {}
+    for part in text.split(","):
+        task, eq, size = part.strip().partition("=")
+        if not eq or not task.strip():
+            raise argparse.ArgumentTypeError(
+                f"{part.strip()!r} is not TASK=SIZE; write e.g. worker:0=64,worker:1=16"
+            )
+        sizes[task.strip()] = positive_count(size.strip())
+    return sizes
+
+
 def number(text: str) -> float:
     """A finite number."""
     try:

@@ -43,7 +43,8 @@ def train(cluster, mode: str = "sync", *, block: bool = True, **kwargs) -> Histo
     With ``block=False`` it trains in a background thread and returns the
     :class:`TrainingRun` at once (``.wait()``, ``.stop()``, live ``.history``).
     Keyword arguments: ``model`` ("linear", "digits" or a ``KerasModel``),
-    ``steps``, ``lr``, ``batch_size`` (per worker), ``backup_workers`` (sync),
+    ``steps``, ``lr``, ``batch_size`` (per worker step: one number, or each worker's,
+    ``{"worker:0": 64, "worker:1": 16}``, which sync averages weighted by examples), ``backup_workers`` (sync),
     ``optimizer`` ("sgd", "momentum", "adagrad"), ``seed``, ``logdir``
     (TensorBoard), ``checkpoint_every``, ``name``.
     """

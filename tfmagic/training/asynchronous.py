@@ -86,6 +86,45 @@ class AsyncLoop:
         for w in self.policy.workers.values():  # their last rows, before the weights are read
             if w.thread is not None:
                 w.thread.join(2 if self.control.reason else 30)
+        self.count_unrecorded()
+
+    def count_unrecorded(self) -> None:
+        """Updates the ps applied whose rows were still on a worker when it was killed.
+
+        A worker writes each step's numbers into a ring on itself, read a few steps at a time; a
+        worker killed between two reads takes the last rows with it, though the ps applied those
+        updates (a run then ended "done, 2997/3000 updates"). The ps's step counter is the truth:
+        the difference is counted in ``History.unrecorded`` and said in a note, never made up.
+        """
+        lost = sorted(
+            {
+                str(e.task)
+                for e in self.history.events
+                if e.kind in ("kill", "lost") and str(e.task).startswith("worker:")
+            }
+        )
+        if not lost:
+            return
+        step = None
+        for _attempt in range(5):  # a read can fail for a moment after the cluster changed
+            step = self.params.read_step()
+            if step is not None:
+                break
+            time.sleep(0.1)
+        recorded = {g.step for g in self.history.global_steps}
+        if step is None:
+            return
+        # Workers that computed while the last numbers went take one past the end too, and apply
+        # nothing (the mask in steps._count_and_apply): the counter can pass the run's end.
+        applied = min(step, self.steps)
+        first = self.training.start_step + 1  # a resumed run records from its checkpoint on
+        missing = len(set(range(first, applied + 1)) - recorded)
+        if missing:
+            self.history.unrecorded = missing
+            self.history.notes.append(
+                f"{missing} of the {applied} updates the ps applied have no record: they were made by "
+                f"{' or '.join(lost)} just before it was lost, and their numbers were still on it"
+            )
 
     def start_joined(self) -> None:
         """A worker that joined the cluster starts stepping at once (its thread places it first)."""
@@ -305,7 +344,7 @@ class AsyncLoop:
                     mode=self.training.mode,
                     local_step=int(k),
                     staleness=max(0, new - 1 - int(read)),
-                    examples=self.training.config.batch_size,
+                    examples=self.training.config.batch_of(w.task),
                     update=new,
                     compute=float(d_grad - d_read),
                     transfer=float(d_read - d0),

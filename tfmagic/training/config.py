@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import TrainingError
+from ..spec import TaskName
 from .optimizers import NAMES as OPTIMIZERS
 
 MODES = ("sync", "async", "ssp")
@@ -43,6 +44,22 @@ class RunConfig:
     staleness: int | None = None
     #: async: updates made per call to a worker (Keras' steps_per_execution); every one recorded
     steps_per_call: int = 1
+    #: workers given their own batch size, (task, size); the others take ``batch_size``
+    worker_batches: tuple[tuple[str, int], ...] = ()
+
+    def batch_of(self, task) -> int:
+        """The examples per step of worker ``task``."""
+        return dict(self.worker_batches).get(str(task), self.batch_size)
+
+    @property
+    def weighted(self) -> bool:
+        """Whether workers were given their own batch sizes, so sync weights each gradient by its examples."""
+        return bool(self.worker_batches)
+
+    @property
+    def batch_label(self):
+        """``batch_size`` as given: one number, or each worker's."""
+        return dict(self.worker_batches) if self.worker_batches else self.batch_size
 
     @classmethod
     def checked(cls, workers: int, **kwargs) -> RunConfig:
@@ -55,7 +72,7 @@ class RunConfig:
         if mode not in MODES:
             raise TrainingError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
         steps = _whole("steps", kwargs.get("steps", 200), 1)
-        batch = _whole("batch_size", kwargs.get("batch_size", 32), 1)
+        batch, worker_batches = _batches(kwargs.get("batch_size", 32), workers)
         backup = _whole("backup_workers", kwargs.get("backup_workers", 0), 0)
         if backup >= workers:
             raise TrainingError(
@@ -115,4 +132,30 @@ class RunConfig:
             name=kwargs.get("name") or mode,
             staleness=staleness,
             steps_per_call=per_call,
+            worker_batches=worker_batches,
         )
+
+
+def _batches(value, workers: int) -> tuple[int, tuple[tuple[str, int], ...]]:
+    """``batch_size`` read: one size for every worker, or ``{"worker:0": 64, "worker:1": 16}``.
+
+    Seed 002 gives each worker its own batch (a faster machine takes more examples per step);
+    workers not named, and workers that join during the run, take the default of 32.
+    """
+    if not isinstance(value, dict):
+        return _whole("batch_size", value, 1), ()
+    if not value:
+        raise TrainingError("batch_size={} names no worker; give one number, or {'worker:0': 64, ...}")
+    sizes: dict[str, int] = {}
+    for key, size in value.items():
+        try:
+            task = TaskName.parse(key)
+        except (TypeError, ValueError):
+            task = None
+        if task is None or task.job != "worker" or task.index >= workers:
+            raise TrainingError(
+                f"batch_size names {key!r}, which is not a worker of this cluster "
+                f"(its workers are worker:0 to worker:{workers - 1})"
+            )
+        sizes[str(task)] = _whole(f"batch_size[{str(task)!r}]", size, 1)
+    return 32, tuple(sorted(sizes.items()))

@@ -38,6 +38,44 @@ _TRAINING: weakref.WeakSet = weakref.WeakSet()
 _TRAINING_LOCK = threading.Lock()
 
 
+class _EngineRetracing:
+    """Keeps TensorFlow's "N out of the last N calls to <function> triggered tf.function retracing"
+    out of the notebook when the engine's own threads trigger it.
+
+    Each run traces its step, apply and ring functions anew (they close over that run's variables),
+    so after a few short runs TensorFlow warns about retracing, as if the user's code were at fault.
+    The engine's threads are named ``tfmagic-...``; their warnings go to the kernel's log
+    (``%tf_cluster logs kernel``). A user's own function retracing still warns as usual.
+    """
+
+    def filter(self, record) -> bool:
+        if not record.threadName.startswith("tfmagic-"):
+            return True
+        try:
+            text = record.getMessage()
+        except Exception:  # noqa: BLE001 - a record that cannot format is not ours to judge
+            return True
+        if "triggered tf.function retracing" not in text:
+            return True
+        try:
+            from .. import owner
+
+            with open(owner.runtime_dir() / "kernel-native.log", "a") as log:
+                log.write(f"engine retracing ({record.threadName}): {text.splitlines()[0]}\n")
+        except OSError:
+            pass
+        return False
+
+
+def quiet_engine_retracing() -> None:
+    """Install :class:`_EngineRetracing` on TensorFlow's logger (once)."""
+    import logging
+
+    logger = logging.getLogger("tensorflow")
+    if not any(isinstance(f, _EngineRetracing) for f in logger.filters):
+        logger.addFilter(_EngineRetracing())
+
+
 def refuse_if_training(cluster, starting=None) -> None:
     """One run at a time per cluster: raise :class:`TrainingError` if another run trains on it.
 
@@ -104,7 +142,7 @@ class TrainingRun:
             "model": self.model.name,
             "steps": c.steps,
             "lr": c.lr,
-            "batch_size": c.batch_size,
+            "batch_size": c.batch_label,
             "backup_workers": c.backup_workers,
             "optimizer": c.optimizer,
             "workers": self.workers_n,
@@ -279,7 +317,8 @@ class TrainingRun:
             state = self.control.reason
         else:
             state = "done" if self._thread is not None else "not started"
-        return f"<TrainingRun {self.name} ({self.mode}): {state}, {self.history.steps}/{self.steps} updates>"
+        lost = f" (+{self.history.unrecorded} applied without a record)" if self.history.unrecorded else ""
+        return f"<TrainingRun {self.name} ({self.mode}): {state}, {self.history.steps}/{self.steps} updates{lost}>"
 
     def _repr_pretty_(self, p, cycle) -> None:
         p.text(repr(self) + "\n" + self.history.summary())
@@ -347,6 +386,11 @@ class TrainingRun:
             self.error = error
 
     # -- the parts -------------------------------------------------------------
+    @property
+    def start_step(self) -> int:
+        """The global step this run started from (a resumed run: its checkpoint's)."""
+        return self._start_step
+
     def step_now(self) -> int:
         """The latest global step this run knows of."""
         last = self.history.global_steps[-1].step if self.history.global_steps else 0
@@ -388,6 +432,7 @@ class TrainingRun:
             self.history.add_event("pace", detail=note)
 
     def _setup(self) -> None:
+        quiet_engine_retracing()
         self.cluster.connect()
         self.kind = self._choose_kind()
         self.history.config["engine"] = self.kind
@@ -444,7 +489,7 @@ class TrainingRun:
             per_call=self.config.steps_per_call,
             model=self.model,
             params=self.params,
-            batch=self.config.batch_size,
+            batch=self.config.batch_of(w.task),
             workers=self.workers_n,
             limit=self.steps,
             who=self.who,

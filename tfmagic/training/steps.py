@@ -334,7 +334,11 @@ def paced_steps(model, params, take, state, counter, ring, limit, pending):
 
 
 def make_apply(params):
-    """Sync: average the gradients of the workers in ``chosen`` (a 0/1 vector) and apply them once, on the ps.
+    """Sync: average the gradients of the workers in ``chosen`` and apply them once, on the ps.
+
+    ``chosen`` holds each worker's weight: 0 for a worker left out, 1 for every worker taking part
+    when their batches are the same size, each one's batch size otherwise, so the average is that
+    of the examples' gradients (a worker with 64 examples counts four times one with 16).
 
     Returns (new global step, t_apply_start, t_apply_end), timestamps on the ps.
     """
@@ -352,10 +356,12 @@ def make_apply(params):
                 with tf.device(v.device):
                     # tf.where, not a product: a buffer being rewritten by a late worker is never read
                     parts = [
-                        tf.where(chosen[i] > 0, row[j], tf.zeros_like(row[j]))
+                        tf.where(
+                            chosen[i] > 0, row[j] * tf.cast(chosen[i], row[j].dtype), tf.zeros_like(row[j])
+                        )
                         for i, row in enumerate(buffers)
                     ]
-                    avg.append(tf.add_n(parts) / n)
+                    avg.append(tf.add_n(parts) / tf.cast(n, parts[0].dtype))
         updates = opt.apply(avg, variables)
         with tf.control_dependencies(updates):
             newk = gstep.assign_add(1)
@@ -364,7 +370,7 @@ def make_apply(params):
     return kept(apply)
 
 
-def fused_update(model, params, workers: list[Worker], per_call: int = 1):
+def fused_update(model, params, workers: list[Worker], per_call: int = 1, weights: list[float] | None = None):
     """Sync with every worker taking part: ``per_call`` whole updates in one function, called once.
 
     Each worker's gradient is computed on that worker, they are averaged and
@@ -375,6 +381,9 @@ def fused_update(model, params, workers: list[Worker], per_call: int = 1):
     each reading what the one before applied: the same arithmetic as one
     call each.  It waits for every worker, so it serves sync without backup
     workers and without a pace; the per-worker threads serve the rest.
+
+    ``weights`` (each worker's batch size, when they differ) makes the
+    average that of the examples' gradients, as :func:`make_apply` does.
 
     Returns, per update, (new step, t_apply_start, t_apply_end) and, per
     worker, (loss, step read, t0, t_read, t_grad, t_arrived at the ps).
@@ -406,10 +415,17 @@ def fused_update(model, params, workers: list[Worker], per_call: int = 1):
                 with tf.control_dependencies(heads):
                     t_apply = tf.timestamp()
                 with tf.control_dependencies([t_apply]):
-                    avg = [
-                        tf.add_n([g[j] for g in all_grads]) / float(len(workers))
-                        for j in range(len(variables))
-                    ]
+                    if weights:
+                        avg = [
+                            tf.add_n([g[j] * w for g, w in zip(all_grads, weights, strict=True)])
+                            / float(sum(weights))
+                            for j in range(len(variables))
+                        ]
+                    else:
+                        avg = [
+                            tf.add_n([g[j] for g in all_grads]) / float(len(workers))
+                            for j in range(len(variables))
+                        ]
                 with tf.control_dependencies(opt.apply(avg, variables)):
                     newk = gstep.assign_add(1)
                     out.append(tf.concat([_f64(newk, t_apply, tf.timestamp()), *heads], 0))

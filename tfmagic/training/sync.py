@@ -221,8 +221,9 @@ class SyncLoop:
                     if res.step > t and self.was_applied(t):
                         return collected, (time.time(), None, None)  # the ps is past t: it happened
             chosen = [0.0] * len(self.params.buffers)
-            for r in collected:
-                chosen[r.worker.index] = 1.0
+            config = self.training.config
+            for r in collected:  # each one's weight in the average (make_apply)
+                chosen[r.worker.index] = float(config.batch_of(r.worker.task)) if config.weighted else 1.0
             try:
                 a0 = time.time()
                 on = self.params.ps_tasks
@@ -288,7 +289,7 @@ class SyncLoop:
                     mode="sync",
                     local_step=r.worker.local_step,
                     applied=True,
-                    examples=self.training.config.batch_size,
+                    examples=self.training.config.batch_of(r.worker.task),
                     update=t + 1,
                     compute=d_grad - d_read,
                     transfer=(d_read - d0) + (d_pushed - d_grad),
@@ -299,7 +300,12 @@ class SyncLoop:
                     warmup=warm,
                 )
             )
-        loss = float(np.mean([r.loss for r in collected]))
+        loss = float(
+            np.average(
+                [r.loss for r in collected],
+                weights=[self.training.config.batch_of(r.worker.task) for r in collected],
+            )
+        )
         self.history.add_global(
             GlobalStep(t + 1, now, loss, aggregated=tuple(r.worker.task for r in collected))
         )
@@ -319,7 +325,7 @@ class SyncLoop:
                 local_step=res.worker.local_step,
                 applied=False,
                 dropped=True,
-                examples=self.training.config.batch_size,
+                examples=self.training.config.batch_of(res.worker.task),
                 paced=res.paced,
             )
         )
@@ -345,12 +351,17 @@ class FusedSyncLoop:
         self.workers = self.policy.members()
         per_call = run.config.steps_per_call
         # every worker's gradient, the average, the apply: per_call updates per call
-        self.update = fused_update(run.model, self.params, self.workers, per_call)
+        self.update = fused_update(run.model, self.params, self.workers, per_call, self.weights())
         self.single = (
             (lambda: self.update)
             if per_call == 1
-            else (lambda: fused_update(run.model, self.params, self.workers))
+            else (lambda: fused_update(run.model, self.params, self.workers, 1, self.weights()))
         )
+
+    def weights(self) -> list[float] | None:
+        """Each worker's batch size when they differ (a weighted average), else None (a plain one)."""
+        config = self.training.config
+        return [float(config.batch_of(w.task)) for w in self.workers] if config.weighted else None
 
     def run(self, first: int, last: int) -> None:
         """Updates ``first`` .. ``last - 1``: each one call that computes, averages and applies."""
@@ -415,9 +426,12 @@ class FusedSyncLoop:
                 w.joined, w.rebuild = True, False
         self.workers = sorted(self.policy.members(), key=lambda w: w.index)
         model, params = self.training.model, self.params
-        self.update = fused_update(model, params, self.workers, per_call)
+        weights = self.weights()
+        self.update = fused_update(model, params, self.workers, per_call, weights)
         self.single = (
-            (lambda: self.update) if per_call == 1 else (lambda: fused_update(model, params, self.workers))
+            (lambda: self.update)
+            if per_call == 1
+            else (lambda: fused_update(model, params, self.workers, 1, weights))
         )
         now = {w.task for w in self.workers}
         n = f"{len(self.workers)} replicas per update from here"
@@ -469,7 +483,7 @@ class FusedSyncLoop:
                     mode="sync",
                     local_step=w.local_step,
                     applied=True,
-                    examples=self.training.config.batch_size,
+                    examples=self.training.config.batch_of(w.task),
                     update=int(newk),
                     compute=float(d_grad - d_read),
                     transfer=float((d_read - d0) + (arrived - d_grad)),
@@ -479,7 +493,9 @@ class FusedSyncLoop:
                     warmup=warm,
                 )
             )
-        loss = float(np.mean(heads[:, 0]))
+        loss = float(
+            np.average(heads[:, 0], weights=[self.training.config.batch_of(w.task) for w in self.workers])
+        )
         self.history.add_global(
             GlobalStep(int(newk), c1, loss, aggregated=tuple(w.task for w in self.workers))
         )
