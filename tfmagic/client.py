@@ -181,7 +181,7 @@ def _quiet_stale_handles(unraisable) -> None:
         from . import owner
 
         first = (str(exc).splitlines() or [""])[0]
-        with open(owner.runtime_dir() / "kernel-native.log", "a") as log:
+        with open(owner.kernel_log(), "a") as log:
             log.write(f"ignored while deleting a stale remote resource: {type(exc).__name__}: {first}\n")
     except Exception:  # noqa: BLE001 - logging this is a courtesy
         pass

@@ -418,9 +418,10 @@ class Dashboard:
             first = float(min(planned, max(100, planned / 4))) if planned else 100.0
             loss_x = grow(lim.get("loss_x", first), max(xs_loss), 4.0)
             lim["loss_x"] = min(loss_x, float(planned)) if 0 < planned >= max(xs_loss) else loss_x
+        decades = None  # the whole decades the losses span
         if losses:
-            lo = 10 ** math.floor(math.log10(min(losses)))
-            hi = 10 ** math.ceil(math.log10(max(losses)))
+            decades = (10 ** math.floor(math.log10(min(losses))), 10 ** math.ceil(math.log10(max(losses))))
+            lo, hi = decades
             if "loss" not in lim:
                 lo /= 10  # losses fall: room for one decade below the first ones
             lim["loss"] = (min(lo, lim.get("loss", (lo, hi))[0]), max(hi, lim.get("loss", (lo, hi))[1]))
@@ -433,11 +434,8 @@ class Dashboard:
             lim["tp_y"] = max(1.0, max(ys_tp) * 1.15)
             lim["loss_x"] = max(1.0, max(xs_loss) * 1.03)
             lim["stale_x"] = top + 1.0
-            if losses:
-                lim["loss"] = (
-                    10 ** math.floor(math.log10(min(losses))),
-                    10 ** math.ceil(math.log10(max(losses))),
-                )
+            if decades is not None:
+                lim["loss"] = decades
         return tuple(sorted(lim.items()))
 
     def _warmups(self) -> list[tuple[float, float]]:

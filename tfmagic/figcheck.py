@@ -13,11 +13,11 @@ as the notebook tests do) and in the tests of each figure.
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 
 from .errors import LessonCheckFailed
+from .lesson import strict
 
 __all__ = ["problems", "require", "strict"]
 
@@ -25,13 +25,6 @@ __all__ = ["problems", "require", "strict"]
 SLACK = 1.5
 
 _lock = threading.Lock()
-
-
-def strict() -> bool:
-    """Whether figures are checked as they are made (``TFMAGIC_LESSON_STRICT`` set, as in the notebook tests)."""
-    from .lesson import STRICT_ENV
-
-    return os.environ.get(STRICT_ENV, "") not in ("", "0")
 
 
 def _drawn_texts(fig) -> list:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from .errors import BadExpectation, LessonCheckFailed
 
-__all__ = ["Check", "LessonCheckFailed", "BadExpectation", "expect", "checks", "summary", "say", "reset"]
+__all__ = ["Check", "LessonCheckFailed", "BadExpectation", "expect", "checks", "summary", "say", "reset", "strict"]
 
 #: set to 1 to make a statement that does not hold raise (the notebook tests do)
 STRICT_ENV = "TFMAGIC_LESSON_STRICT"
@@ -151,10 +151,15 @@ def _fmt(value) -> str:
     return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
 
 
+def strict() -> bool:
+    """Whether a statement that does not hold raises (``TFMAGIC_LESSON_STRICT`` set, as the notebook tests do)."""
+    return os.environ.get(STRICT_ENV, "") not in ("", "0")
+
+
 def _record(check: Check) -> Check:
     _checks.append(check)
     print(check.line, flush=True)
-    if not check.held and os.environ.get(STRICT_ENV, "") not in ("", "0"):
+    if not check.held and strict():
         raise LessonCheckFailed(check.line)
     return check
 

@@ -121,6 +121,12 @@ def runtime_dir() -> Path:
         return _runtime_dir
 
 
+def kernel_log() -> Path:
+    """The kernel's own log (``%tf_cluster logs kernel``): TensorFlow's native lines, and the
+    warnings tfmagic keeps out of the notebook."""
+    return runtime_dir() / "kernel-native.log"
+
+
 def cleanup() -> None:
     """Kill everything this process started and remove its private directory."""
     kill_all()

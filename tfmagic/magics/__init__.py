@@ -40,7 +40,7 @@ def load(ipython) -> None:
         try:
             from .. import logfilter
 
-            _filter = logfilter.install(owner.runtime_dir() / "kernel-native.log")
+            _filter = logfilter.install(owner.kernel_log())
         except Exception as exc:  # noqa: BLE001 - the filter is a comfort, never a blocker
             print(f"tfmagic: TensorFlow's native logs will show here ({exc})", file=sys.stderr)
 

@@ -301,7 +301,7 @@ class ClusterMagics(Magics):
         if args.task in ("kernel", "client"):
             from ..logs import read_tail
 
-            path = owner.runtime_dir() / "kernel-native.log"
+            path = owner.kernel_log()
             print(read_tail(str(path), args.tail or None) or f"(nothing logged yet in {path})")
             return
         cluster = _need_cluster("show logs of")

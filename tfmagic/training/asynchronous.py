@@ -105,15 +105,10 @@ class AsyncLoop:
         )
         if not lost:
             return
-        step = None
-        for _attempt in range(5):  # a read can fail for a moment after the cluster changed
-            step = self.params.read_step()
-            if step is not None:
-                break
-            time.sleep(0.1)
-        recorded = {g.step for g in self.history.global_steps}
+        step = self.params.settled_step()
         if step is None:
             return
+        recorded = {g.step for g in self.history.global_steps}
         # Workers that computed while the last numbers went take one past the end too, and apply
         # nothing (the mask in steps._count_and_apply): the counter can pass the run's end.
         applied = min(step, self.steps)

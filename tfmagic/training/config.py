@@ -51,6 +51,11 @@ class RunConfig:
         """The examples per step of worker ``task``."""
         return dict(self.worker_batches).get(str(task), self.batch_size)
 
+    def weight_of(self, task) -> float:
+        """Worker ``task``'s weight in sync's average: its batch size when workers were given their
+        own (the average is then over examples), else 1 (every worker's gradient counts the same)."""
+        return float(self.batch_of(task)) if self.weighted else 1.0
+
     @property
     def weighted(self) -> bool:
         """Whether workers were given their own batch sizes, so sync weights each gradient by its examples."""

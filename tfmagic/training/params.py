@@ -10,6 +10,8 @@ for ever.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from .. import client, elastic, placement
@@ -195,6 +197,16 @@ class ParameterStore:
         except Exception:  # noqa: BLE001 - a task coming or going; the next check will tell
             clear_executor()
             return None
+
+    def settled_step(self, attempts: int = 5) -> int | None:
+        """:meth:`read_step`, tried ``attempts`` times 0.1 s apart: a read can fail for a moment
+        after the cluster changed under the connection (a worker killed, a task restarted)."""
+        for attempt in range(attempts):
+            step = self.read_step()
+            if step is not None or attempt == attempts - 1:
+                return step
+            time.sleep(0.1)
+        return None
 
     def weights(self) -> list[np.ndarray]:
         """The current weights, read from the ps tasks."""

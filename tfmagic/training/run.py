@@ -60,7 +60,7 @@ class _EngineRetracing:
         try:
             from .. import owner
 
-            with open(owner.runtime_dir() / "kernel-native.log", "a") as log:
+            with open(owner.kernel_log(), "a") as log:
                 log.write(f"engine retracing ({record.threadName}): {text.splitlines()[0]}\n")
         except OSError:
             pass

@@ -221,9 +221,8 @@ class SyncLoop:
                     if res.step > t and self.was_applied(t):
                         return collected, (time.time(), None, None)  # the ps is past t: it happened
             chosen = [0.0] * len(self.params.buffers)
-            config = self.training.config
             for r in collected:  # each one's weight in the average (make_apply)
-                chosen[r.worker.index] = float(config.batch_of(r.worker.task)) if config.weighted else 1.0
+                chosen[r.worker.index] = self.training.config.weight_of(r.worker.task)
             try:
                 a0 = time.time()
                 on = self.params.ps_tasks
@@ -262,12 +261,8 @@ class SyncLoop:
         failed (seen here: an apply raised after a worker was killed, yet the
         ps had counted the step), so after a failed apply the ps is asked.
         """
-        for _attempt in range(5):
-            step = self.params.read_step()
-            if step is not None:
-                return step > t
-            time.sleep(0.1)
-        return False
+        step = self.params.settled_step()
+        return step is not None and step > t
 
     def record(self, t: int, collected: list[Gradient], applied: tuple) -> None:
         a0, ps0, ps1 = applied
@@ -303,7 +298,7 @@ class SyncLoop:
         loss = float(
             np.average(
                 [r.loss for r in collected],
-                weights=[self.training.config.batch_of(r.worker.task) for r in collected],
+                weights=[self.training.config.weight_of(r.worker.task) for r in collected],
             )
         )
         self.history.add_global(
@@ -361,7 +356,7 @@ class FusedSyncLoop:
     def weights(self) -> list[float] | None:
         """Each worker's batch size when they differ (a weighted average), else None (a plain one)."""
         config = self.training.config
-        return [float(config.batch_of(w.task)) for w in self.workers] if config.weighted else None
+        return [config.weight_of(w.task) for w in self.workers] if config.weighted else None
 
     def run(self, first: int, last: int) -> None:
         """Updates ``first`` .. ``last - 1``: each one call that computes, averages and applies."""
@@ -494,7 +489,7 @@ class FusedSyncLoop:
                 )
             )
         loss = float(
-            np.average(heads[:, 0], weights=[self.training.config.batch_of(w.task) for w in self.workers])
+            np.average(heads[:, 0], weights=[self.training.config.weight_of(w.task) for w in self.workers])
         )
         self.history.add_global(
             GlobalStep(int(newk), c1, loss, aggregated=tuple(w.task for w in self.workers))
