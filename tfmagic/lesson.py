@@ -28,7 +28,17 @@ from dataclasses import dataclass
 
 from .errors import BadExpectation, LessonCheckFailed
 
-__all__ = ["Check", "LessonCheckFailed", "BadExpectation", "expect", "checks", "summary", "say", "reset", "strict"]
+__all__ = [
+    "Check",
+    "LessonCheckFailed",
+    "BadExpectation",
+    "expect",
+    "checks",
+    "summary",
+    "say",
+    "reset",
+    "strict",
+]
 
 #: set to 1 to make a statement that does not hold raise (the notebook tests do)
 STRICT_ENV = "TFMAGIC_LESSON_STRICT"
