@@ -29,7 +29,7 @@ from . import client, net
 from .cluster import Attached, Cluster, Reused, StartOutcome
 from .errors import ClusterStartError, NoCluster, NotOwned
 from .launchers.attached import AttachedLauncher, AttachedTask
-from .spec import ClusterDef, ClusterShape, TaskName
+from .spec import ClusterDef, TaskName
 
 #: Jobs a cluster to attach to may have.
 JOBS = ("chief", "ps", "worker")
@@ -116,9 +116,6 @@ class AttachedCluster(Cluster):
             spares=False,
             start_timeout=connect_timeout,
         )
-        self.shape = ClusterShape(
-            ps=len(jobs.get("ps", [])), workers=len(jobs["worker"]), chief=len(jobs.get("chief", []))
-        )
         self._defn = defn
 
     def start(self, progress=None, timeout: float | None = None) -> StartOutcome:
@@ -152,8 +149,8 @@ class AttachedCluster(Cluster):
                 )
             procs[task] = AttachedTask(address, task)
             say(task, "up", f"{address} (not started by tfmagic)")
-        self.procs = procs
-        self.cluster_def = self._defn
+        # no watching: tfmagic did not start these servers and hears nothing of their processes
+        self.taskset.procs, self.taskset.cluster_def = procs, self._defn
         self.started_at = time.time()
         outcome = Attached(seconds=time.monotonic() - t0)
         self.last_outcome = outcome
@@ -161,12 +158,11 @@ class AttachedCluster(Cluster):
 
     def stop(self, reason: str = "detached from the cluster") -> None:
         """Let go of the cluster: its servers keep running (tfmagic did not start them)."""
-        with self._lock:
+        with self.taskset.lock:
             if not self.procs:
                 raise NoCluster(f"cluster {self.name} is not attached; nothing to detach from")
             self.emit("stopping", None, reason)
-            self.procs = {}
-            self.cluster_def = None
+            self.taskset.clear()
             self.stopped_at = time.time()
             client.forget(self.id)
         self.emit("detach", None, "detached; its servers keep running (tfmagic did not start them)")

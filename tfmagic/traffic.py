@@ -224,6 +224,16 @@ class TrafficMeter:
         with self._lock:
             return sorted(self._links.values(), key=lambda link: (link.src, link.dst))
 
+    def traffic(self) -> Traffic:
+        """A sample taken now: every link's bytes since the start, and its rate."""
+        self.sample()
+        return Traffic(
+            [
+                dict(src=link.src, dst=link.dst, bytes=link.bytes, bytes_per_s=link.rate)
+                for link in self.links()
+            ]
+        )
+
 
 @dataclass
 class Traffic:

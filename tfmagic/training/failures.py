@@ -21,7 +21,8 @@ import math
 import threading
 import time
 
-from .. import client, doctor, elastic
+from .. import client, doctor
+from ..cluster import membership as elastic
 from ..errors import TrainingError
 from ..events import Event
 from ..metrics import History
@@ -110,7 +111,7 @@ class FailurePolicy:
 
     def leave(self, task: TaskName) -> None:
         """A worker is leaving: it gets no new step; the run says when its last call returned."""
-        from .. import elastic
+        from ..cluster import membership as elastic
 
         dep = elastic.departure(self.cluster.id, task)
         w = self.workers[task]
@@ -124,7 +125,7 @@ class FailurePolicy:
 
     def retire(self, w: Worker) -> None:
         """``w`` has made its last call for this run; its task may go."""
-        from .. import elastic
+        from ..cluster import membership as elastic
 
         w.retired = True
         w.lost = True  # out of every count of running workers

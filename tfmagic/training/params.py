@@ -14,7 +14,8 @@ import time
 
 import numpy as np
 
-from .. import client, elastic, placement
+from .. import client, placement
+from ..cluster import membership as elastic
 from ..errors import TaskLost
 from ..spec import TaskName
 from .optimizers import Optimizer

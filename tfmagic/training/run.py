@@ -263,16 +263,13 @@ class TrainingRun:
         return self.history
 
     def _unresponsive(self) -> list[str]:
-        out = []
-        for task, proc in self.cluster.procs.items():
-            stats = self.cluster.launcher.stats(proc, memory=False) if proc.alive else None
-            if (
-                proc.alive
-                and (not stats or stats.get("run_state") == "stopped")
-                and task not in self.cluster.slowness
-            ):
-                out.append(task)
-        return out
+        """The live tasks that cannot answer now (stopped by someone else, or hung): the cluster's own word."""
+        cluster = self.cluster
+        return [
+            task
+            for task, proc in list(cluster.procs.items())
+            if proc.alive and cluster.condition(task).startswith(("stopped", "not answering"))
+        ]
 
     def resume(self, block: bool = True) -> TrainingRun:
         """Continue from the last checkpoint, e.g. after a lost ps was restarted.

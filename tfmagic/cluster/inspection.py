@@ -1,0 +1,152 @@
+"""Looking at a running cluster: each task's condition and status row, its log, and the variable map.
+
+Read-only: nothing here changes a task.  :class:`~tfmagic.cluster.Cluster`
+delegates ``status``, ``condition``, ``logs`` and ``placement`` here; the
+dashboard's task table reads the same rows (``Cluster.status()``), so there
+is one logic for a task's state.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .. import client, placement
+from ..launchers.base import TaskHandle
+from ..spec import TaskName
+from ..status import ClusterStatus, TaskStatus
+
+if TYPE_CHECKING:
+    from .core import Cluster
+
+
+def condition_of(proc: TaskHandle, stats: dict | None, slowness: float | None) -> str:
+    """``running``, ``stopped (SIGSTOP)``, ``not answering`` or ``exited (CODE)`` from what was measured."""
+    if not proc.alive:
+        return f"exited ({proc.exit_code})"
+    if stats and stats.get("run_state") == "stopped" and not slowness:
+        return "stopped (SIGSTOP)"
+    if not stats and proc.pid is not None:
+        return "not answering"
+    return str(proc.state)
+
+
+def condition(cluster: Cluster, task: TaskName) -> str:
+    proc = cluster.procs[task]
+    stats = cluster.launcher.stats(proc, memory=False) if proc.alive else None
+    return condition_of(proc, stats, cluster.slowness.get(task))
+
+
+def _row(
+    cluster: Cluster, label: str, address: str, proc: TaskHandle, slowness: float | None = None
+) -> TaskStatus:
+    stats = (cluster.launcher.stats(proc) if proc.alive else None) or {}
+    host = proc.destination or getattr(proc, "task_hostname", None) or proc.host
+    return TaskStatus(
+        task=label,
+        address=address,
+        pid=proc.task_pid,
+        state=condition_of(proc, stats, slowness),
+        cpu_percent=stats.get("cpu_percent"),
+        pss=stats.get("pss"),
+        rss=stats.get("rss"),
+        uptime_s=stats.get("uptime_s"),
+        host=f"{cluster.launcher.name}:{host}",
+        note=f"slowed x{slowness:g}" if slowness else "",
+        slowness=slowness or 1.0,
+    )
+
+
+def status(cluster: Cluster) -> ClusterStatus:
+    """See :meth:`tfmagic.cluster.Cluster.status`."""
+    defn = cluster.cluster_def
+    rows = [
+        _row(cluster, task, defn.address(task) if defn else "-", proc, cluster.slowness.get(task))
+        for task, proc in cluster.procs.items()
+    ]
+    spares = [_row(cluster, "spare", "-", p) for p in cluster.pool.processes()]
+    notes = [] if rows else ["not running"]
+    relay = cluster.network.note()
+    if relay:
+        notes.append(relay)
+    notes.append(f"security: {cluster.launcher.security_note()}; {client.server_note()}")
+    return ClusterStatus(
+        name=cluster.name, shape=cluster.shape.describe(), tasks=rows, spares=spares, notes=notes
+    )
+
+
+def logs(cluster: Cluster, task: TaskName, tail: int | None = 50, native: bool = False) -> str:
+    """See :meth:`tfmagic.cluster.Cluster.logs`."""
+    from ..logs import without_native
+
+    if native:
+        return cluster.launcher.read_log(cluster.procs[task], tail=tail)
+    # read enough to keep ``tail`` lines after the noise is gone
+    text = cluster.launcher.read_log(cluster.procs[task], tail=None if tail is None else max(50 * tail, 2000))
+    kept, hidden = without_native(text)
+    lines = kept.splitlines()
+    if tail is not None:
+        lines = lines[-tail:] if tail else []
+    if hidden:
+        lines.append(f"({hidden} lines of TensorFlow's own log left out; --all, or native=True, shows them)")
+    return "\n".join(lines)
+
+
+def placement_of(cluster: Cluster, run=None) -> placement.Placement:
+    """See :meth:`tfmagic.cluster.Cluster.placement`."""
+    rows = placement.rows_for(cluster)
+    for task, proc in cluster.procs.items():
+        if not getattr(proc, "api_complete", False):
+            continue  # no cell ran there: it holds only what this process put there
+        try:
+            reply = proc.request("variables", timeout=5)
+        except Exception:  # noqa: BLE001 - a task that cannot answer now is left out, and said so
+            continue
+        for v in reply.get("variables") or []:
+            rows.append(
+                placement.VariableRow(
+                    v["name"],
+                    TaskName.parse(v.get("task") or task),
+                    tuple(v["shape"]),
+                    v["dtype"],
+                    int(v["bytes"]),
+                    f"%%tf_px cell in {task}",
+                )
+            )
+    out = placement.Placement(
+        cluster.name,
+        rows,
+        assignment=(
+            "tfmagic's training engine puts a model's variables on the ps tasks round-robin in the order "
+            "the model makes them (w0 on ps:0, w1 on ps:1, ...), optimizer slots beside their variable; "
+            "cells put them where %%tf_device (or tf.device) says"
+        ),
+    )
+    if run is not None:
+        history = getattr(run, "history", run)  # a TrainingRun or the History train() returned
+        out.ran_steps = {t: len(recs) for t, recs in history.by_task().items()}
+        held = {(r.name, str(r.task)) for r in rows}
+        for name, task, shape, dtype, size in getattr(history, "layout", []):
+            if (name, task) not in held and TaskName.parse(task) in cluster.procs:
+                # the run ended and its variables were freed with it: shown where they were
+                rows.append(
+                    placement.VariableRow(
+                        name, TaskName.parse(task), shape, dtype, size, f"{history.run} (ended, freed)"
+                    )
+                )
+    shares = out.shares()
+    if len(cluster.tasks("ps")) == 1 and shares:
+        out.notes.append(
+            "ps:0 holds every variable: all workers read and write there; --ps 2 (ps=2) spreads them"
+        )
+    elif shares:
+        top, share = max(shares.items(), key=lambda kv: kv[1])
+        if share >= 0.6:
+            big = max((r for r in rows if r.task == top), key=lambda r: r.bytes)
+            out.notes.append(
+                f"{top} holds {share:.0%} of the ps bytes (largest: {big.name}); its link is the bottleneck. "
+                f"Try more ps tasks, or split {big.name}"
+            )
+    return out
+
+
+__all__ = ["condition", "condition_of", "logs", "placement_of", "status"]

@@ -1,0 +1,187 @@
+"""A cluster's modelled network: which tasks sit behind the relay, and changing cards and links live.
+
+The model itself (cards, links, the relay process) is :mod:`tfmagic.netshape`;
+this is what one cluster does with it: the cards and link rules chosen at
+start (``net=``), the private ports its relayed tasks serve on, routing them
+through the relay at start, and :meth:`ClusterNetwork.net` and
+:meth:`ClusterNetwork.restart_relay` while it runs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from .. import netshape, traffic
+from ..launchers.base import Launcher, TaskHandle
+from ..spec import ClusterDef, ClusterShape, TaskName
+from .taskset import Emit, TaskSet
+
+
+class ClusterNetwork:
+    """The modelled network of one cluster (empty when it was started without ``net=``)."""
+
+    def __init__(
+        self,
+        net: str | dict | None,
+        shape: ClusterShape,
+        launcher: Launcher,
+        taskset: TaskSet,
+        emit: Emit,
+        check_task: Callable[[str | TaskName], TaskName],
+    ) -> None:
+        #: cards (``ps:0``), which give their task a relay, and link rules (``worker:0->ps:0``), which
+        #: give a relay to theirs (see :mod:`tfmagic.netshape`)
+        self.models: dict[str, netshape.LinkModel] = netshape.parse_net(net)
+        for key in self.models:
+            for pattern in netshape.parse_target(key):
+                if pattern is None or pattern == netshape.KERNEL:
+                    continue
+                job, _, index = pattern.partition(":")
+                count = {"ps": shape.ps, "worker": shape.workers, "chief": shape.chief}.get(job, 0)
+                if count == 0 or (index != "*" and int(index) >= count):
+                    raise netshape.BadNet(
+                        f"--net names {pattern}, which this cluster will not have "
+                        f"({shape.ps} ps, {shape.workers} workers)"
+                    )
+        self.launcher = launcher
+        self.shaper: netshape.Shaper | None = None
+        #: the private port each relayed task's server binds (its cluster address is the relay's)
+        self.bind_ports: dict[TaskName, int] = {}
+        self._taskset = taskset
+        self._emit = emit
+        self._check_task = check_task
+        self._starting: dict[TaskName, TaskHandle] = {}
+
+    def shaped(self, task: TaskName) -> netshape.LinkModel | None:
+        """The card of a task that gets a relay: named as a card, or as the destination of a link rule."""
+        card = self.models.get(str(task)) or self.models.get(f"{task.job}:*")
+        if card is not None:
+            return card
+        for key in self.models:
+            src, dst = netshape.parse_target(key)
+            if src is not None and netshape.matches(dst, str(task)):
+                return netshape.LinkModel()
+        return None
+
+    def route(self, tasks: list[TaskName], procs: dict[TaskName, TaskHandle], defn: ClusterDef) -> None:
+        """Relayed tasks serve on a private port; their cluster address is the relay's."""
+        shaped = [t for t in tasks if self.shaped(t) is not None]
+        if not shaped:
+            return
+        if not self.launcher.makes_spares:  # only local launchers make spares; the relay is local too
+            raise netshape.BadNet("a modelled network (--net) works on local clusters only")
+        self._starting = procs
+        if self.shaper is None or not self.shaper.alive:
+            self.shaper = netshape.Shaper(
+                sources=self.sources,
+                owners=traffic.socket_inodes,
+                on_event=lambda said: self._emit("relay", None, said),
+            )
+        for t in shaped:
+            port = defn.address(t).rsplit(":", 1)[1]
+            bind = self.launcher.pick_port(procs[t])
+            while str(bind) == port:
+                bind = self.launcher.pick_port(procs[t])
+            self.bind_ports[t] = bind
+            self.shaper.route(str(t), int(port), f"{procs[t].host}:{bind}", self.shaped(t))
+        for key, model in self.models.items():
+            src, dst = netshape.parse_target(key)
+            if src is not None:
+                for t in shaped:
+                    if netshape.matches(dst, str(t)) and str(t) != src:
+                        self.shaper.link(src, str(t), model)
+
+    def sources(self) -> dict[int, str]:
+        """pid -> name of every process a connection to a relay can come from (the relay's Shaper asks)."""
+        found = {os.getpid(): netshape.KERNEL}
+        for task, proc in list((self._taskset.procs or self._starting).items()):
+            pid = getattr(proc, "task_pid", None) or proc.pid
+            if pid is not None:
+                found[pid] = str(task)
+        return found
+
+    def stop(self) -> None:
+        """End the relay (the cluster stops, or its start failed)."""
+        if self.shaper is not None:
+            self.shaper.kill()
+            self.shaper = None
+        self.bind_ports = {}
+
+    def _tasks(self, pattern: str) -> list[TaskName]:
+        """The running cluster's tasks a card or link names (``ps:0``, ``worker:*``)."""
+        if pattern.endswith(":*"):
+            job = pattern[:-2]
+            found = [t for t in self._taskset.require().tasks() if t.job == job]
+            if not found:
+                self._check_task(f"{job}:0")  # says which tasks the cluster has
+            return found
+        return [self._check_task(pattern)]
+
+    def net(
+        self,
+        target: str | TaskName | None = None,
+        rate: str | float | None = None,
+        delay: str | float | None = None,
+    ):
+        """See :meth:`tfmagic.cluster.Cluster.net`."""
+        if target is None:
+            self._taskset.require()
+            if rate is not None or delay is not None:
+                raise netshape.BadNet(
+                    "name the card or link to change: net('ps:0', rate=...) or net('worker:0->ps:0', rate=...)"
+                )
+            return self.shaper.report() if self.shaper is not None else netshape.NetModels([])
+        if "->" not in str(target):  # a card: any form of a task's name (ps:0, /job:ps/task:0)
+            t = self._check_task(target)
+            model = netshape.LinkModel(netshape.parse_rate(rate), netshape.parse_delay(delay))
+            if self.shaper is None or str(t) not in self.shaper.models:
+                shaped = ", ".join(self.shaper.models) if self.shaper else "none"
+                raise netshape.BadNet(
+                    f"{t} has no modelled network (shaped here: {shaped}); which tasks are shaped is chosen "
+                    f'at start: %tf_cluster start ... --net "{t} rate=100mbit delay=2ms"'
+                )
+            self.shaper.shape(str(t), model)
+            self._emit("net", t, model.describe())
+            return model
+        src, dst = netshape.parse_target(str(target))
+        if src != netshape.KERNEL:
+            self._tasks(src)
+        tasks = [t for t in self._tasks(dst) if str(t) != src]
+        model = netshape.LinkModel(netshape.parse_rate(rate), netshape.parse_delay(delay))
+        unrelayed = [str(t) for t in tasks if self.shaper is None or str(t) not in self.shaper.models]
+        if unrelayed:
+            shaped = ", ".join(self.shaper.models) if self.shaper else "none"
+            raise netshape.BadNet(
+                f"{', '.join(unrelayed)} {'has' if len(unrelayed) == 1 else 'have'} no relay, so links into "
+                f"{'it' if len(unrelayed) == 1 else 'them'} cannot be shaped (relays here: {shaped}); "
+                f'which tasks have one is chosen at start: %tf_cluster start ... --net "{dst}" (a relay, no limit)'
+            )
+        for t in tasks:
+            self.shaper.link(src, str(t), model)
+            self._emit(
+                "net", t, f"{src}->{t}: {model.describe() if not model.lifted else 'no rule (the card only)'}"
+            )
+        return model
+
+    def restart_relay(self) -> int:
+        """See :meth:`tfmagic.cluster.Cluster.restart_relay`."""
+        if self.shaper is None:
+            raise netshape.BadNet(
+                "this cluster has no network relay (a modelled network is chosen at start: net=)"
+            )
+        old = self.shaper.pid
+        pid = self.shaper.restart()
+        self._emit("relay", None, f"the network relay (pid {old}) restarted as pid {pid}")
+        return pid
+
+    def note(self) -> str | None:
+        """The status line of the relay, or None without one."""
+        if self.shaper is None:
+            return None
+        return (
+            f"network relay of {', '.join(self.shaper.models)}: pid {self.shaper.pid}, {self.shaper.state()}"
+        )
+
+
+__all__ = ["ClusterNetwork"]
