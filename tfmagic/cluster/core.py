@@ -7,11 +7,11 @@ import itertools
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from .. import client, doctor, netshape, owner, placement, traffic
-from ..errors import BadClusterShape, ClusterStartError, NoCluster, TaskLost
+from ..errors import BadClusterShape, NoCluster, TaskLost
 from ..events import Event, Topic
 from ..launchers.base import Launcher, TaskHandle
 from ..launchers.local import LocalLauncher
@@ -231,16 +231,7 @@ class Cluster:
                 if self.use_spares:
                     self.pool.fill_later(self.launcher, self.shape.size)
                 return outcome
-            from ..procstats import listener_of
-
-            holder = listener_of(taken.port) if taken is not None and taken.port else None
-            raise ClusterStartError(
-                f"{taken.task if taken else 'a task'} could not bind its port in three attempts: each "
-                f"port picked for it was taken before its server could bind it (the last, {taken.port if taken else '?'}, "
-                f"{'by ' + holder if holder else 'by a process this one cannot see'}). Something on this machine "
-                "takes ports fast: stop it, or try again",
-                task=str(taken.task) if taken else None,
-            )
+            raise self.taskset.ports_kept_taken(taken)
 
     def _start_once(self, say: Progress, deadline: float) -> int:
         tasks = self.shape.tasks()
@@ -324,41 +315,38 @@ class Cluster:
         self.close()
 
     # -- addresses and TensorFlow objects --------------------------------
-    def _need_running(self) -> ClusterDef:
-        return self.taskset.require()
-
     @property
     def spec(self):
         """The ``tf.train.ClusterSpec`` of the running cluster."""
-        return self._need_running().to_tf()
+        return self.taskset.require().to_tf()
 
     def address(self, task: str | TaskName) -> str:
         """``host:port`` of a task, e.g. ``cluster.address("worker:1")``."""
-        return self._need_running().address(task)
+        return self.taskset.require().address(task)
 
     def target(self, task: str | TaskName) -> str:
         """The ``grpc://`` target a TF1 ``Session`` connects to."""
         return "grpc://" + self.address(task)
 
     def tf_config(self, task: str | TaskName) -> dict:
-        return self._need_running().tf_config(task)
+        return self.taskset.require().tf_config(task)
 
     def resolver(self):
         """A ``SimpleClusterResolver`` for ``tf.distribute.ParameterServerStrategy``."""
-        return client.resolver(self._need_running())
+        return client.resolver(self.taskset.require())
 
     def connect(self, force: bool = False) -> Cluster:
         """Make this process a client of the cluster (remote devices usable)."""
-        defn = self._need_running()
+        defn = self.taskset.require()
         client.connect(self.id, defn, force=force, client_address=self.launcher.client_address(defn))
         return self
 
     def check_task(self, task: str | TaskName) -> TaskName:
-        return self._need_running().check(task)
+        return self.taskset.require().check(task)
 
     def tasks(self, job: str | None = None) -> list[TaskName]:
         """The running cluster's tasks (of ``job``), in order."""
-        return [t for t in self._need_running().tasks() if job is None or t.job == job]
+        return [t for t in self.taskset.require().tasks() if job is None or t.job == job]
 
     @contextlib.contextmanager
     def device(self, task: str | TaskName) -> Iterator[str]:
@@ -450,8 +438,13 @@ class Cluster:
         Measured from the operating system's TCP counters of the processes
         (``ss``), not estimated from tensor sizes; see :mod:`tfmagic.traffic`.
         """
-        self._need_running()
+        self.taskset.require()
         return self.traffic_meter().traffic()
+
+    @property
+    def meter(self) -> traffic.TrafficMeter | None:
+        """The traffic meter while one samples this cluster (None until traffic is asked for)."""
+        return self._meter
 
     def traffic_meter(self) -> traffic.TrafficMeter:
         """The meter that samples this cluster's sockets once a second (started on first use)."""
@@ -467,7 +460,7 @@ class Cluster:
         runs) and what ``%%tf_px`` cells created inside the tasks.  With
         ``run``, also how many steps each task ran for it.
         """
-        self._need_running()
+        self.taskset.require()
         return inspection.placement_of(self, run)
 
     def logs(self, task: str | TaskName, tail: int | None = 50, native: bool = False) -> str:
@@ -486,9 +479,13 @@ class Cluster:
         or ``exited (CODE)``: whether the task can do what it is asked now."""
         return inspection.condition(self, self.check_task(task))
 
-    def status(self) -> ClusterStatus:
-        """Each task's address, pid, state, CPU %, memory (PSS and RSS) and uptime."""
-        return inspection.status(self)
+    def status(self, memory: bool | Collection[str] = True, spares: bool = True) -> ClusterStatus:
+        """Each task's address, pid, state, CPU %, memory (PSS and RSS) and uptime, and the warm spares.
+
+        Reading a process's PSS walks its every mapping: ``memory=False`` leaves memory out, or
+        name the tasks to read it for (the dashboard reads each every 15 s, not every frame).
+        """
+        return inspection.status(self, memory, spares)
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"

@@ -83,7 +83,7 @@ def restart(
 ) -> StartOutcome:
     """See :meth:`tfmagic.cluster.Cluster.restart`."""
     t = cluster.check_task(task)
-    defn = cluster._need_running()
+    defn = cluster.taskset.require()
     old = cluster.procs[t]
     if old.alive and not force:
         held = (

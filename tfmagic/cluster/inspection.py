@@ -8,6 +8,7 @@ is one logic for a task's state.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from .. import client, placement
@@ -37,9 +38,14 @@ def condition(cluster: Cluster, task: TaskName) -> str:
 
 
 def _row(
-    cluster: Cluster, label: str, address: str, proc: TaskHandle, slowness: float | None = None
+    cluster: Cluster,
+    label: str,
+    address: str,
+    proc: TaskHandle,
+    slowness: float | None = None,
+    memory: bool = True,
 ) -> TaskStatus:
-    stats = (cluster.launcher.stats(proc) if proc.alive else None) or {}
+    stats = (cluster.launcher.stats(proc, memory=memory) if proc.alive else None) or {}
     host = proc.destination or getattr(proc, "task_hostname", None) or proc.host
     return TaskStatus(
         task=label,
@@ -56,14 +62,21 @@ def _row(
     )
 
 
-def status(cluster: Cluster) -> ClusterStatus:
+def status(cluster: Cluster, memory: bool | Collection[str] = True, spares: bool = True) -> ClusterStatus:
     """See :meth:`tfmagic.cluster.Cluster.status`."""
     defn = cluster.cluster_def
     rows = [
-        _row(cluster, task, defn.address(task) if defn else "-", proc, cluster.slowness.get(task))
-        for task, proc in cluster.procs.items()
+        _row(
+            cluster,
+            task,
+            defn.address(task) if defn else "-",
+            proc,
+            cluster.slowness.get(task),
+            memory if isinstance(memory, bool) else str(task) in memory,
+        )
+        for task, proc in list(cluster.procs.items())
     ]
-    spares = [_row(cluster, "spare", "-", p) for p in cluster.pool.processes()]
+    spares = [_row(cluster, "spare", "-", p) for p in cluster.pool.processes()] if spares else []
     notes = [] if rows else ["not running"]
     relay = cluster.network.note()
     if relay:

@@ -252,6 +252,20 @@ class TaskSet:
             jobs.setdefault(task.job, []).append(address)
         return ClusterDef.from_mapping(jobs)
 
+    @staticmethod
+    def ports_kept_taken(taken: _PortTaken | None) -> ClusterStartError:
+        """The error of a start whose port was taken, each of three times, before its server bound it."""
+        from ..procstats import listener_of
+
+        holder = listener_of(taken.port) if taken is not None and taken.port else None
+        return ClusterStartError(
+            f"{taken.task if taken else 'a task'} could not bind its port in three attempts: each "
+            f"port picked for it was taken before its server could bind it (the last, {taken.port if taken else '?'}, "
+            f"{'by ' + holder if holder else 'by a process this one cannot see'}). Something on this machine "
+            "takes ports fast: stop it, or try again",
+            task=str(taken.task) if taken else None,
+        )
+
     def check_serving(self, task: TaskName, proc: TaskHandle, address: str) -> None:
         """The task accepts connections at its address, and listens nowhere it should not.
 
