@@ -21,6 +21,7 @@ from contextlib import nullcontext
 import tfmagic
 from tfmagic import dashboard, gilshare
 from tfmagic.dashboard import Dashboard
+from tfmagic.dashboard import widget as dashboard_widget
 from tfmagic.training import TrainingRun
 from tfmagic.training.models import Digits
 
@@ -72,7 +73,7 @@ def main() -> None:
                     continue
                 run = TrainingRun(cluster, "async", model=model, steps=args.steps)
                 before = arm == "before"  # as the dashboard was: every 0.5 s, CPython's 5 ms switch interval
-                dashboard.yielding = nullcontext if before else gilshare.yielding
+                dashboard_widget.yielding = nullcontext if before else gilshare.yielding
                 dash = Dashboard(
                     cluster,
                     runs=[run],

@@ -70,9 +70,9 @@ def test_gantt_strip_shows_the_slowed_worker_busy_and_the_others_waiting_in_sync
     for fast in ("worker:0", "worker:1"):
         assert shares[fast]["busy"] < 0.4 and shares[fast]["wait"] > 0.5, shares
     # the drawn bars are the same segments: 10 busy bars per worker at least, waits for the two fast ones
-    bars = {key[1]: artist for key, artist in dash._lines.items() if key[0] == "gantt"}
+    bars = {key[1]: artist for key, artist in dash.frame.lines.items() if key[0] == "gantt"}
     assert len(bars["busy"].get_paths()) >= 30 and len(bars["wait"].get_paths()) >= 18
-    assert "sync" in dash._ax["gantt"].get_title()
+    assert "sync" in dash.frame.ax["gantt"].get_title()
     assert history.updates_per_s() < 1 / 0.16 * 1.25, "sync is paced by the slowest worker"
 
 
@@ -84,7 +84,7 @@ def test_async_staleness_histogram_centres_on_workers_minus_one(paced):
     assert sum(snap["staleness"].values()) == pytest.approx(1.0)
     assert max(snap["staleness"], key=snap["staleness"].get) == 2, "the most common staleness is N - 1"
     assert f"mean staleness {snap['mean_staleness']:.2f} (workers - 1 = 2)" in dash.header_html()
-    (mean,) = [a for key, a in dash._lines.items() if key[0] == "stale-mean"]
+    (mean,) = [a for key, a in dash.frame.lines.items() if key[0] == "stale-mean"]
     assert mean.get_data()[0][0] == pytest.approx(snap["mean_staleness"])
     name, t0, t1, rows = dash.gantt()
     shares = GanttTrace.shares(t0, t1, rows)
@@ -93,7 +93,7 @@ def test_async_staleness_histogram_centres_on_workers_minus_one(paced):
     for x in ("updates", "examples", "seconds"):
         dash.set_x(x)
         dash.draw()
-        (probe,) = [ln for ln in dash._ax["eval"].get_lines() if ln.get_label() == "async"]
+        (probe,) = [ln for ln in dash.frame.ax["eval"].get_lines() if ln.get_label() == "async"]
         xs, ys = probe.get_data()
         assert len(xs) >= 10 and ys[-1] < ys[0], (x, xs, ys)
         if x == "examples":

@@ -118,7 +118,7 @@ def test_frames_redraw_the_axes_rarely_and_keep_all_data_in_view():
             h.add_step(StepRecord("worker:0", i, t0 + i * 0.005, t0 + i * 0.005, loss, mode="async"))
             h.add_global(GlobalStep(i + 1, t0 + i * 0.005, loss))
         dash.draw()
-        for ax in dash._axes:  # every plotted point is inside its axes
+        for ax in dash.frame.axes:  # every plotted point is inside its axes
             (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
             for line in ax.get_lines():
                 xs, ys = line.get_data()
@@ -140,7 +140,7 @@ def test_a_dashboard_opened_after_a_run_shows_all_of_it():
     h.add_event(Event(t0 + 5, "slow", "worker:0", "x4", step=50))
     dash = Dashboard(None, runs=[h], x="seconds")
     dash.draw()
-    ax_time = dash._ax["loss"]
+    ax_time = dash.frame.ax["loss"]
     (line,) = [ln for ln in ax_time.get_lines() if ln.get_label() == "sync"]
     xs = line.get_data()[0]
     assert min(xs) == pytest.approx(0.0, abs=0.2) and max(xs) <= ax_time.get_xlim()[1], (min(xs), max(xs))
@@ -178,14 +178,14 @@ def test_loss_curves_stay_raw_unless_smoothing_is_asked_and_then_say_so():
         noisy.add_global(GlobalStep(i + 1, 1000.0 + i, 1.0 if i % 2 else 3.0))
     raw = Dashboard(None, runs=[noisy])
     raw.draw()
-    (line,) = [ln for ln in raw._ax["loss"].get_lines() if ln.get_label() == "async"]
+    (line,) = [ln for ln in raw.frame.ax["loss"].get_lines() if ln.get_label() == "async"]
     assert set(line.get_data()[1]) == {1.0, 3.0}
-    assert "raw" in raw._ax["loss"].get_title()
+    assert "raw" in raw.frame.ax["loss"].get_title()
     smooth = Dashboard(None, runs=[noisy], smooth=20)
     smooth.draw()
-    (line,) = [ln for ln in smooth._ax["loss"].get_lines() if ln.get_label() == "async"]
+    (line,) = [ln for ln in smooth.frame.ax["loss"].get_lines() if ln.get_label() == "async"]
     assert all(1.8 < y < 2.2 for y in line.get_data()[1][20:])
-    assert "moving mean of 20 updates" in smooth._ax["loss"].get_title()
+    assert "moving mean of 20 updates" in smooth.frame.ax["loss"].get_title()
 
 
 def test_examples_axis_counts_every_batch_and_the_seconds_axis_starts_after_warm_up():
@@ -203,13 +203,13 @@ def test_examples_axis_counts_every_batch_and_the_seconds_axis_starts_after_warm
     assert snap["anchor"] == pytest.approx(h.warmup_ended_at - 990.0)
     dash = Dashboard(None, runs=[h], x="seconds")
     dash.draw()
-    (line,) = [ln for ln in dash._ax["loss"].get_lines() if ln.get_label() == "sync"]
+    (line,) = [ln for ln in dash.frame.ax["loss"].get_lines() if ln.get_label() == "sync"]
     xs = line.get_data()[0]
     assert min(xs) == 0.0 and len(xs) == 50, "time 0 is the end of warm-up (the first update)"
     for x in ("updates", "examples"):
         dash.set_x(x)
         dash.draw()
-        assert dash._ax["loss"].get_xlabel() == {"updates": "updates", "examples": "examples seen"}[x]
+        assert dash.frame.ax["loss"].get_xlabel() == {"updates": "updates", "examples": "examples seen"}[x]
     with pytest.raises(ValueError, match="updates, examples, seconds"):
         dash.set_x("epochs")
 
@@ -225,7 +225,7 @@ def test_warm_up_is_shown_apart_and_never_counted_in_throughput():
         h.add_step(StepRecord("worker:0", 9, 2000.0, 2000.1, 1.0, mode="sync", warmup=warm))
     assert dash.rates.rate("worker:0", 2000.5) == pytest.approx(2 / dash.window)
     dash.draw()
-    assert dash._lim["tp_x0"] < 0, "the warm-up is a shaded span before time 0"
+    assert dash.frame.lim["tp_x0"] < 0, "the warm-up is a shaded span before time 0"
     assert "warm-up" in dash.header_html()
 
 
@@ -242,7 +242,7 @@ def test_the_gantt_strip_shows_the_straggler_busy_and_the_others_waiting():
     for fast in ("worker:0", "worker:1"):
         assert shares[fast]["busy"] < 0.3 and shares[fast]["wait"] > 0.5
     dash.draw()
-    bars = {k[1]: a for k, a in dash._lines.items() if k[0] == "gantt"}
+    bars = {k[1]: a for k, a in dash.frame.lines.items() if k[0] == "gantt"}
     assert len(bars["busy"].get_paths()) == 30 and len(bars["wait"].get_paths()) >= 20
 
 
@@ -264,7 +264,7 @@ def test_staleness_histogram_counts_async_and_ssp_steps_after_warm_up_only():
     assert RunTrace(_sync_history(), origin=0.0).copy()["staleness"] is None, "sync has no staleness"
     dash = Dashboard(None, runs=[h])
     dash.draw()
-    (mean,) = [a for k, a in dash._lines.items() if k[0] == "stale-mean"]
+    (mean,) = [a for k, a in dash.frame.lines.items() if k[0] == "stale-mean"]
     assert list(mean.get_data()[0]) == pytest.approx([520 / 297] * 2), "the dotted line at the mean"
     assert "mean staleness 1.75 (workers - 1 = 2)" in dash.header_html()
 
@@ -288,7 +288,7 @@ def test_the_widget_selector_replots_the_loss_against_another_axis():
     frames = dash.frames
     dash._selector.value = "examples"
     assert dash.x == "examples" and dash.frames == frames + 1, "a finished dashboard redraws at once"
-    (line,) = [ln for ln in dash._ax["loss"].get_lines() if ln.get_label() == "sync"]
+    (line,) = [ln for ln in dash.frame.ax["loss"].get_lines() if ln.get_label() == "sync"]
     assert max(line.get_data()[0]) == 30 * 96
     assert dash._image.value == dash.last_png
 
@@ -347,14 +347,14 @@ def test_a_frame_that_redraws_some_axes_looks_like_a_full_redraw():
         before = (dash.full_draws, dash.axes_draws)
         dash.draw()
         if dash.full_draws == before[0] == 1 and dash.axes_draws > before[1]:  # some axes were redrawn
-            partial = np.asarray(dash._canvas.buffer_rgba()).astype(int)
-            dash._background = None  # the same state, drawn whole
+            partial = np.asarray(dash.frame.canvas.buffer_rgba()).astype(int)
+            dash.frame.background = None  # the same state, drawn whole
             dash.draw()
-            whole = np.asarray(dash._canvas.buffer_rgba()).astype(int)
+            whole = np.asarray(dash.frame.canvas.buffer_rgba()).astype(int)
             off = np.abs(partial - whole).max(axis=2) > 16
             assert off.mean() < 0.0005, f"frame {frame}: {off.sum()} pixels differ from a full redraw"
             compared += 1
-            dash.full_draws = 1
+            dash.frame.full_draws = 1
     assert compared >= 2, "the run must have changed some limits after the first frame"
 
 
@@ -371,7 +371,7 @@ def test_a_finished_runs_frame_fits_its_axes_and_close_events_share_a_label():
     for dt, kind in ((0.0, "kill"), (0.1, "restart")):
         dash.marks.append(place_event(Event(t + dt, kind, "worker:1", "", step=60), dash.origin, None))
     assert figcheck.problems(dash.figure) == []
-    loss = dash._ax["loss"]
+    loss = dash.frame.ax["loss"]
     assert 120 <= loss.get_xlim()[1] <= 125, loss.get_xlim()
-    labels = [a.get_text() for a in dash._ax["tp"].texts]
+    labels = [a.get_text() for a in dash.frame.ax["tp"].texts]
     assert "worker:1 kill; worker:1 restart" in labels, labels

@@ -96,8 +96,9 @@ class ClusterStatus:
         head = "".join(f"<th style='text-align:left'>{esc(h)}</th>" for h in HEADERS)
         body = []
         for row, cells in zip(self.tasks + self.spares, self._rows()):
+            # by the state's first word: "exited (-9)" is red as "exited" is
             colour = {"running": "#1a7f37", "failed": "#cf222e", "exited": "#cf222e"}.get(
-                row.state, "#6e7781"
+                row.state.split(" ")[0], "#6e7781"
             )
             tds = []
             for header, c in zip(HEADERS, cells):

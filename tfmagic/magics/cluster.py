@@ -46,6 +46,48 @@ def _running_message(exc: ClusterRunning, shape) -> str:
     )
 
 
+def _request(args) -> ClusterRequest:
+    """The start request the options of ``%tf_cluster start`` make, or a UsageError saying what is wrong."""
+    if args.collective and args.ps:
+        raise UsageError("--collective (all-reduce) has no parameter servers; use --ps 0 --collective")
+    backend = args.backend.lower()
+    if backend not in BACKENDS:
+        raise UsageError(f"unknown backend {args.backend!r}; use one of {', '.join(BACKENDS)}")
+    if backend == "ssh" and not args.hosts:
+        raise UsageError("--backend ssh needs --hosts, e.g. --hosts node1,node2 (names your ssh knows)")
+    if backend != "ssh" and (args.hosts or args.python or args.ssh_config or args.tunnel):
+        raise UsageError("--hosts, --python, --ssh-config and --tunnel are for --backend ssh")
+    if backend != "spark" and args.master:
+        raise UsageError("--master is for --backend spark, e.g. --backend spark --master local[3]")
+    request = ClusterRequest(
+        ps=(0 if args.collective else 1) if args.ps is None else args.ps,
+        workers=2 if args.workers is None else args.workers,
+        backend=backend,
+        collective=args.collective,
+        gpus=tuple(args.gpus.split("/")) if args.gpus else (),
+        spares=not args.no_spares,
+        loopback_only=not args.all_interfaces,
+        timeout=args.timeout,
+        hosts=tuple(h.strip() for h in (args.hosts or "").split(",") if h.strip()),
+        python=args.python,
+        ssh_config=args.ssh_config,
+        tunnel=args.tunnel,
+        master=args.master,
+        pace=args.pace,
+        net=unquote(args.net) if args.net else None,
+    )
+    try:
+        shape = request.shape
+    except TfmagicError as exc:
+        raise UsageError(str(exc)) from None
+    if request.gpus and len(request.gpus) not in (1, shape.workers):
+        raise UsageError(
+            f"--gpus has {len(request.gpus)} entries for {shape.workers} workers; "
+            "give one per worker separated by '/', or one for all"
+        )
+    return request
+
+
 @magics_class
 class ClusterMagics(Magics):
     """``%tf_cluster VERB``: the cluster's life, one verb each."""
@@ -118,43 +160,8 @@ class ClusterMagics(Magics):
     )
     @arg("--master", default=None, help="spark: local[N] or spark://HOST:PORT")
     def cmd_start(self, args):
-        if args.collective and args.ps:
-            raise UsageError("--collective (all-reduce) has no parameter servers; use --ps 0 --collective")
-        backend = args.backend.lower()
-        if backend not in BACKENDS:
-            raise UsageError(f"unknown backend {args.backend!r}; use one of {', '.join(BACKENDS)}")
-        if backend == "ssh" and not args.hosts:
-            raise UsageError("--backend ssh needs --hosts, e.g. --hosts node1,node2 (names your ssh knows)")
-        if backend != "ssh" and (args.hosts or args.python or args.ssh_config or args.tunnel):
-            raise UsageError("--hosts, --python, --ssh-config and --tunnel are for --backend ssh")
-        if backend != "spark" and args.master:
-            raise UsageError("--master is for --backend spark, e.g. --backend spark --master local[3]")
-        request = ClusterRequest(
-            ps=(0 if args.collective else 1) if args.ps is None else args.ps,
-            workers=2 if args.workers is None else args.workers,
-            backend=backend,
-            collective=args.collective,
-            gpus=tuple(args.gpus.split("/")) if args.gpus else (),
-            spares=not args.no_spares,
-            loopback_only=not args.all_interfaces,
-            timeout=args.timeout,
-            hosts=tuple(h.strip() for h in (args.hosts or "").split(",") if h.strip()),
-            python=args.python,
-            ssh_config=args.ssh_config,
-            tunnel=args.tunnel,
-            master=args.master,
-            pace=args.pace,
-            net=unquote(args.net) if args.net else None,
-        )
-        try:
-            shape = request.shape
-        except TfmagicError as exc:
-            raise UsageError(str(exc)) from None
-        if request.gpus and len(request.gpus) not in (1, shape.workers):
-            raise UsageError(
-                f"--gpus has {len(request.gpus)} entries for {shape.workers} workers; "
-                "give one per worker separated by '/', or one for all"
-            )
+        request = _request(args)
+        shape = request.shape
         try:  # what can be checked without a process, before any progress is shown
             check(request)
         except TfmagicError as exc:
