@@ -517,9 +517,10 @@ def test_unshaped_clusters_have_no_relay(cluster):
 def test_netshape_parses_rates_delays_and_specs():
     import doctest
 
+    import tfmagic.netmodel as netmodel
     import tfmagic.netshape as netshape
 
-    result = doctest.testmod(netshape)
+    result = doctest.testmod(netmodel)  # the vocabulary's examples (netshape re-exports its names)
     assert result.attempted >= 3 and result.failed == 0
     assert netshape.parse_net("ps:0 rate=1gbit; worker:* delay=3ms") == {
         "ps:0": netshape.LinkModel(125e6, 0.0),

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 
 from . import net, waits
+from .protocol import Op
 from .spec import TaskName
 
 #: How long something must have waited before it is reported.
@@ -245,7 +246,7 @@ def _look_inside(cluster, on, wait, waits_now) -> tuple[str, str] | None:
         if proc is None:
             continue
         try:
-            reply = proc.request("stacks", timeout=1.0, hints=True)
+            reply = proc.request(Op.STACKS, timeout=1.0, hints=True)
         except Exception:  # noqa: BLE001 - a task that cannot answer is said elsewhere
             continue
         main = next((t["stack"] for t in reply.get("threads", []) if t.get("name") == "MainThread"), "")
@@ -380,7 +381,7 @@ def why(cluster, stacks: bool = False, threshold: float = THRESHOLD) -> Diagnosi
         for t in tasks:
             proc = cluster.procs[t]
             try:
-                reply = proc.request("stacks", timeout=2.0)
+                reply = proc.request(Op.STACKS, timeout=2.0)
                 diag.stacks[t] = "\n".join(f"[{x['name']}]\n{x['stack']}" for x in reply.get("threads", []))
             except Exception as exc:  # noqa: BLE001 - what cannot answer is said, not raised
                 diag.stacks[t] = f"(no answer: {causes[t][0]}; {type(exc).__name__})"

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from . import doctor, events, waits
 from .errors import PxError, WaitTimedOut
 from .metrics import GlobalStep, History, StepRecord
+from .protocol import Event, Op
 from .spec import TaskName
 
 __all__ = ["PxError", "PxRun", "TaskOutcome", "parse_targets", "run_px"]
@@ -165,7 +166,7 @@ class PxRun:
             if not proc.api_complete:
                 self.importing.append(str(task))
                 proc.api_complete = True  # the task completes it before it runs this cell
-            proc.send("exec", id=self.id, code=self.code, filename=f"<tf_px {task}>", barrier=barrier)
+            proc.send(Op.EXEC, id=self.id, code=self.code, filename=f"<tf_px {task}>", barrier=barrier)
             self._last_report[str(task)] = time.time()
         with self._cond:
             self._sent = True
@@ -187,7 +188,7 @@ class PxRun:
     def _listener(self, task: str, proc):
         def on_event(msg: dict) -> None:
             kind = msg.get("event")
-            if kind == "exit":
+            if kind == Event.EXIT:
                 self._finish(
                     task,
                     "died",
@@ -197,16 +198,16 @@ class PxRun:
             if msg.get("id") != self.id and msg.get("exec_id") != self.id:
                 return
             outcome = self.outcomes[task]
-            if kind == "exec_ready":
+            if kind == Event.EXEC_READY:
                 with self._cond:
                     self._ready.add(task)
                 self._release_if_ready()
-            elif kind == "stream":
+            elif kind == Event.STREAM:
                 outcome.add(msg.get("name") or "stdout", msg["text"])
                 self.events.put((task, "stream", (msg.get("name"), msg["text"])))
-            elif kind == "report":
+            elif kind == Event.REPORT:
                 self._on_report(task, msg)
-            elif kind == "exec_done":
+            elif kind == Event.EXEC_DONE:
                 proc.forget_reply(self.id)
                 if msg.get("status") == "ok":
                     if msg.get("pickle"):
@@ -261,7 +262,7 @@ class PxRun:
         for task in waiting:
             self._last_report[task] = self.started_together_at
             self.outcomes[task].started = self.started_together_at
-            self._procs[task].send("go", exec_id=self.id)
+            self._procs[task].send(Op.GO, exec_id=self.id)
 
     def _finish(self, task: str, status: str, ename=None, evalue=None, tb=None) -> None:
         with self._cond:
@@ -313,7 +314,7 @@ class PxRun:
         for task, outcome in self.outcomes.items():
             proc = self._procs.get(task)
             if proc is not None and not outcome.done:
-                proc.send("interrupt", exec_id=self.id)
+                proc.send(Op.INTERRUPT, exec_id=self.id)
 
     cancel = interrupt
 

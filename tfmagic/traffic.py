@@ -28,6 +28,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .gilshare import yielding
+from .protocol import Op
 from .sockets import socket_inodes
 
 _ADDR = re.compile(r"^(.*):([0-9]+)$")
@@ -172,7 +173,7 @@ class TrafficMeter:
         for task, proc in self.cluster.procs.items():  # tasks on other hosts read their own sockets
             if getattr(proc, "destination", None) and proc.alive:
                 try:
-                    reply = proc.request("sockets", timeout=3)
+                    reply = proc.request(Op.SOCKETS, timeout=3)
                 except Exception:  # noqa: BLE001 - a task that cannot answer now is sampled next time
                     continue
                 for s in reply.get("sockets") or []:

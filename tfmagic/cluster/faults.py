@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from .. import client
 from ..errors import BadArgument, ClusterStartError, NeedsForce, TaskLost
 from ..launchers.base import TaskHandle
+from ..protocol import Op
 from ..spec import TaskName
 from .outcomes import Restarted, StartOutcome
 from .taskset import _PortTaken
@@ -49,7 +50,7 @@ def slow(cluster: Cluster, task: str | TaskName, factor: float = 4.0) -> None:
         cluster.emit("slow", t, (f"x{factor:g}" if factor > 1 else "full speed") + " (modelled)")
         return
     try:
-        proc.request("slow", factor=factor, timeout=5)
+        proc.request(Op.SLOW, factor=factor, timeout=5)
     except TimeoutError:
         raise TaskLost(
             f"{t} (pid {proc.task_pid}) did not answer within 5 s (stopped, or hung): it cannot be slowed now; "

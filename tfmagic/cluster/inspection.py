@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from .. import client, placement
 from ..launchers.base import TaskHandle
+from ..protocol import Op
 from ..spec import TaskName
 from ..status import ClusterStatus, TaskStatus
 
@@ -111,7 +112,7 @@ def placement_of(cluster: Cluster, run=None) -> placement.Placement:
         if not getattr(proc, "api_complete", False):
             continue  # no cell ran there: it holds only what this process put there
         try:
-            reply = proc.request("variables", timeout=5)
+            reply = proc.request(Op.VARIABLES, timeout=5)
         except Exception:  # noqa: BLE001 - a task that cannot answer now is left out, and said so
             continue
         for v in reply.get("variables") or []:

@@ -24,6 +24,7 @@ from ..errors import ClusterStartError, NoCluster
 from ..launchers.base import Launcher, TaskHandle, TaskState
 from ..launchers.local import LocalLauncher
 from ..pool import SparePool, default_pool
+from ..protocol import Event
 from ..spec import ClusterDef, ClusterShape, TaskName
 
 #: Memory one task costs before any was measured (PSS of a task here: about 0.18 GB).
@@ -357,7 +358,7 @@ class TaskSet:
 
         def on_message(msg: dict) -> None:
             if (
-                msg.get("event") == "exit"
+                msg.get("event") == Event.EXIT
                 and proc.pid not in self._killed_on_purpose
                 and self.procs.get(task) is proc
             ):

@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from ..events import Topic
 from ..logs import read_tail
+from ..protocol import Op
 from ..spec import ClusterDef, TaskName
 
 
@@ -123,7 +124,7 @@ class Launcher(abc.ABC):
     def pick_port(self, proc: TaskHandle) -> int:
         """A free port for ``proc``'s server on its host; the task looks there itself."""
         return int(
-            proc.request("free_port", timeout=30.0, host=getattr(proc, "bind_host", None) or "")["port"]
+            proc.request(Op.FREE_PORT, timeout=30.0, host=getattr(proc, "bind_host", None) or "")["port"]
         )
 
     def stats(self, proc: TaskHandle, memory: bool = True) -> dict[str, Any] | None:
@@ -136,7 +137,7 @@ class Launcher(abc.ABC):
         if not proc.alive:
             return None
         try:
-            reply = proc.request("stats", timeout=3.0)
+            reply = proc.request(Op.STATS, timeout=3.0)
         except (TimeoutError, ProcessLookupError):
             return None
         out = {k: reply.get(k) for k in ("cpu_percent", "pss", "rss", "uptime_s")}
@@ -146,7 +147,7 @@ class Launcher(abc.ABC):
 
     def listening(self, proc: TaskHandle) -> list[tuple[str, int]]:
         """``(host, port)`` of every TCP socket the task listens on (asked of the task)."""
-        reply = proc.request("listening", timeout=5.0)
+        reply = proc.request(Op.LISTENING, timeout=5.0)
         return [(str(h), int(p)) for h, p in reply.get("addresses", [])]
 
     def read_log(self, proc: TaskHandle, tail: int | None = None) -> str:

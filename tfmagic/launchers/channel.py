@@ -21,6 +21,7 @@ from typing import IO, TYPE_CHECKING, Any
 from .. import owner, protocol
 from ..errors import WaitTimedOut
 from ..events import Topic
+from ..protocol import Event, Op
 from ..spec import TaskName
 from .base import TaskState
 
@@ -102,7 +103,7 @@ class TaskProcess:
                 self.state = TaskState.EXITED
             self._cond.notify_all()
         owner.forget(self)
-        self.messages.publish({"event": "exit", "code": code})
+        self.messages.publish({"event": Event.EXIT, "code": code})
 
     def _on_event(self, msg: dict[str, Any]) -> None:
         event = msg.get("event")
@@ -144,7 +145,7 @@ class TaskProcess:
             return True
 
     # -- ops ---------------------------------------------------------------
-    def send(self, op: str, **fields: Any) -> None:
+    def send(self, op: Op, **fields: Any) -> None:
         fields["op"] = op
         with self._send_lock:
             try:
@@ -152,7 +153,7 @@ class TaskProcess:
             except (BrokenPipeError, OSError, ValueError):
                 pass  # the reader thread will see the exit
 
-    def request(self, op: str, timeout: float = 10.0, **fields: Any) -> dict[str, Any]:
+    def request(self, op: Op, timeout: float = 10.0, **fields: Any) -> dict[str, Any]:
         """Send ``op`` and wait for the event that answers it."""
         with self._cond:
             self._next_id += 1
@@ -181,7 +182,7 @@ class TaskProcess:
             self.state = TaskState.ASSIGNING
             if fields.get("log"):
                 self.log_path = fields["log"]
-        self.send("assign", job=task.job, index=task.index, cluster=cluster, **fields)
+        self.send(Op.ASSIGN, job=task.job, index=task.index, cluster=cluster, **fields)
 
     @property
     def alive(self) -> bool:

@@ -37,6 +37,7 @@ from collections.abc import Sequence
 
 from .. import net
 from ..errors import BadArgument, ClusterStartError, WaitTimedOut
+from ..protocol import Op
 from .base import TaskHandle
 from .channel import TaskProcess
 from .process import TASK_ENV, PopenLauncher, kill_tree, spawn
@@ -193,7 +194,7 @@ class SSHLauncher(PopenLauncher):
             return super().pick_port(proc)
         for _ in range(50):
             port = net.free_port("127.0.0.1")
-            if proc.request("free_port", timeout=30.0, host="127.0.0.1", port=port)["port"] == port:
+            if proc.request(Op.FREE_PORT, timeout=30.0, host="127.0.0.1", port=port)["port"] == port:
                 return port
         raise WaitTimedOut(f"no port was free both here and on {proc.destination} after 50 tries")
 
@@ -262,7 +263,7 @@ class SSHLauncher(PopenLauncher):
 
     def _end(self, proc: TaskHandle, popen: subprocess.Popen) -> None:
         """Ask the task to end at once (it kills its own group), then end the session."""
-        proc.send("crash")
+        proc.send(Op.CRASH)
         try:
             popen.wait(timeout=3)
         except subprocess.TimeoutExpired:

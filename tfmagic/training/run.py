@@ -3,8 +3,10 @@
 The parts, each in its own module: the settings (:mod:`.config`), where the
 variables live (:mod:`.params`), what runs on each worker (:mod:`.steps`),
 the two algorithms (:mod:`.sync`, :mod:`.asynchronous`), what failures mean
-(:mod:`.failures`) and checkpoints (:mod:`.checkpoints`).  This module only
-puts them together and keeps the thread that runs them.
+(:mod:`.failures`), checkpoints (:mod:`.checkpoints`), the held-out probe and
+the final evaluation (:mod:`.evaluation`) and each worker's notes in its log
+(:mod:`.notes`).  This module only puts them together and keeps the thread
+that runs them.
 """
 
 from __future__ import annotations
@@ -19,14 +21,15 @@ from .. import client, events
 from ..errors import TrainingError, WaitTimedOut
 from ..metrics import History
 from ..spec import TaskName
-from . import schedule
+from . import evaluation, schedule
 from .checkpoints import Checkpoints
 from .config import RunConfig
 from .control import Control
 from .failures import FailurePolicy
 from .models import Model, resolve
+from .notes import WorkerNotes
 from .optimizers import Optimizer
-from .params import ParameterStore, clear_executor
+from .params import ParameterStore
 from .schedule import Schedule
 from .steps import Worker, own_executor, place_worker
 
@@ -161,10 +164,10 @@ class TrainingRun:
         self._start_step = 0
         self._slots: list | None = None
         self._writer = None
-        #: gradients applied per worker, counted as records arrive (for the notes in its log)
-        self._applied_by: dict[str, int] = {}
-        self._applied_counted = 0  # records counted into _applied_by so far
-        self._notes_lock = threading.Lock()  # the probe thread and the run's end both write notes
+        #: each worker's share of the run, written into its log (see :mod:`.notes`)
+        self.notes = WorkerNotes(self)
+        #: (update, weights) of the latest held-out probe (the TensorBoard writer's histograms)
+        self.probed: tuple | None = None
         self.kind = ""
         self.scheduled = Schedule(self)
         if events:
@@ -333,7 +336,9 @@ class TrainingRun:
         try:
             self._setup()
             self.history.started_at = time.time()
-            probe = threading.Thread(target=self._probe, name=f"tfmagic-probe-{self.name}", daemon=True)
+            probe = threading.Thread(
+                target=evaluation.probe, args=(self,), name=f"tfmagic-probe-{self.name}", daemon=True
+            )
             probe.start()
             if self.kind == "fused":
                 FusedSyncLoop(self).run(self._start_step, self.steps)
@@ -347,8 +352,8 @@ class TrainingRun:
             if self.control.reason:  # the cluster went away under the run
                 raise TrainingError(f"training {self.control.reason}")
             self.checkpoint(force=True)
-            self._evaluate()
-            self._note_progress(
+            evaluation.evaluate(self)
+            self.notes.note(
                 f"ended at update {self.step_now()}, final held-out loss {self.history.final_loss:.4f}"
             )
         except TrainingError as exc:
@@ -501,102 +506,3 @@ class TrainingRun:
     def weights(self) -> list[np.ndarray]:
         """The current weights, read from the ps tasks."""
         return self.params.weights()
-
-    def _worker_state(self) -> list[np.ndarray] | None:
-        """The first running worker's non-trainable values (None: the model's initial ones)."""
-        for w in self.policy.workers.values():
-            proc = self.cluster.procs.get(w.task)
-            if w.state and not w.lost and proc is not None and proc.alive:
-                try:
-                    with client.gate.call(self.who):
-                        return [v.numpy() for v in w.state]
-                except Exception:  # noqa: BLE001 - a worker lost at the very end: try the next
-                    clear_executor()
-        return None
-
-    #: the held-out examples every mode's loss is measured on during training (the same for all)
-    PROBE_EXAMPLES = 256
-
-    def _probe(self) -> None:
-        """Every ``probe_every`` updates, the loss on the same held-out examples, whatever the mode.
-
-        A sync update's loss is the mean over the batches it averaged, an
-        async update's is one batch: curves of those are not the same
-        measure.  This one is (``History.evals``), so modes compare fairly.
-        Read from the ps between steps, computed here; about one read of the
-        weights per probe.
-        """
-        import tensorflow as tf
-
-        every = max(10, self.steps // 40)
-        data = self.model.data
-        x, y = data.x_test[: self.PROBE_EXAMPLES], data.y_test[: self.PROBE_EXAMPLES]
-        if not len(x):
-            return
-        state = [tf.constant(a) for a in self.model.initial_state()] or None
-        next_at = every
-        with own_executor():
-            while not self.control.stopping:
-                if self.history.steps < next_at:
-                    self.control.stopped.wait(0.05)
-                    continue
-                step = self.history.steps
-                next_at = (step // every + 1) * every
-                if not self.params.ps_alive():
-                    continue
-                try:
-                    weights = self.params.weights()
-                except Exception:  # noqa: BLE001 - a task coming or going: the next probe tries again
-                    clear_executor()
-                    continue
-                with tf.device("/job:localhost/replica:0/task:0/device:CPU:0"):
-                    w = [tf.constant(a) for a in weights]
-                    loss = float(self.model.loss(w, tf.constant(x), tf.constant(y), state=state))
-                self.probed = (step, weights)  # the TensorBoard writer's weight histograms
-                self.history.add_eval(step, time.time(), loss)
-                self._note_progress(f"update {step}/{self.steps}, held-out loss {loss:.4f}")
-
-    def _note_progress(self, where: str) -> None:
-        """Write each worker's share of the run into that worker's own log (``%tf_cluster logs``).
-
-        The kernel drives the steps, so without this a worker's log holds only
-        TensorFlow's start-up lines; the seeds read training progress there.
-        One line per worker per probe (at most about 40 per run), sent without
-        waiting: a task that cannot take it loses the line, not the step.
-        Records only grow (a rollback marks them), so each note counts only the
-        ones that arrived since the last: the kernel's GIL drives every step.
-        """
-        with self._notes_lock:
-            fresh = self.history.records[self._applied_counted :]
-            self._applied_counted += len(fresh)
-            for r in fresh:
-                if r.applied:
-                    self._applied_by[str(r.task)] = self._applied_by.get(str(r.task), 0) + 1
-            counts = dict(self._applied_by)
-        for w in list(self.policy.workers.values()):
-            proc = self.cluster.procs.get(w.task)
-            if proc is None or w.lost or not proc.alive:
-                continue
-            mine = counts.get(str(w.task), 0)
-            try:
-                proc.send(
-                    "note", text=f"run {self.name} ({self.mode}): {where}; {mine} of its gradients applied"
-                )
-            except Exception:  # noqa: BLE001 - a task tfmagic did not start cannot be written to
-                return
-
-    def _evaluate(self) -> None:
-        import tensorflow as tf
-
-        weights = self.weights()
-        data = self.model.data
-        state = self._worker_state()
-        with tf.device("/job:localhost/replica:0/task:0/device:CPU:0"):
-            w = [tf.constant(a) for a in weights]
-            st = None if state is None else [tf.constant(a) for a in state]
-            x, y = tf.constant(data.x_test), tf.constant(data.y_test)
-            self.history.final_loss = float(self.model.loss(w, x, y, state=st))
-            if self.model.classifier:
-                self.history.final_accuracy = float(self.model.accuracy(w, x, y, state=st))
-        self.final_weights = weights
-        self.final_state = state  # the first running worker's non-trainable values (None: none)

@@ -21,6 +21,7 @@ from typing import IO, Any, cast
 
 from ... import owner
 from ...errors import ClusterStartError
+from ...protocol import Op
 from .. import spark_task
 from ..base import Launcher
 from ..channel import TaskProcess
@@ -299,7 +300,7 @@ class SparkLauncher(Launcher):
         slot = self.jobs.get(proc.pid)
         if slot is None or slot.done.is_set():
             return
-        proc.send("crash")
+        proc.send(Op.CRASH)
         if not slot.done.wait(3):
             # The task did not answer (stopped by a throttle? a stuck relay?): closing the
             # control connection ends its standard input, and the relay ends the task if it

@@ -1,0 +1,28 @@
+"""A task's start-up, in its order: tie to the owner, guard the bind, keeper, then serve."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+from . import lifeline
+
+
+def main() -> None:
+    lifeline.tie_to_owner()
+    lifeline.guard_self()  # may re-execute this program with the bind guard preloaded
+    if os.environ.get("TFMAGIC_PDEATHSIG") == "1":
+        lifeline.start_keeper()
+    lifeline.keep_guard_dir(os.environ.pop("TFMAGIC_GUARD_TMPDIR", None))
+    for key in ("TFMAGIC_PDEATHSIG", "TFMAGIC_OWNER_PID"):
+        os.environ.pop(key, None)  # meant for this process, not for what its cells start
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from .runtime import TaskRuntime
+    from .server import quiet_queue_runner_shutdown
+
+    threading.excepthook = quiet_queue_runner_shutdown
+    TaskRuntime().run()
+
+
+__all__ = ["main"]
