@@ -1,7 +1,7 @@
 """Everything this process started, so that nothing outlives it.
 
 Each task process already ends itself when its owner's channel closes (see
-:mod:`tfmagic.task_main`); this registry is the orderly half: it kills every
+:mod:`tfmagic.task.lifeline`); this registry is the orderly half: it kills every
 task and spare at interpreter exit, on ``%unload_ext`` and on kernel shutdown,
 and lets tests check that nothing is left.
 

@@ -1,7 +1,7 @@
 """Spare task processes: TensorFlow's server core already imported, waiting for a role.
 
 Importing TensorFlow (even only its server core, see
-:class:`tfmagic.task_main.ServerCore`) and starting Python costs most of a
+:class:`tfmagic.task.server.ServerCore`) and starting Python costs most of a
 cluster's start.  After a cluster starts, the pool spawns as many spares as the
 largest cluster started so far has tasks, in the background, so the *next*
 start (any shape up to that size) or a task restart takes warm processes and
