@@ -536,9 +536,16 @@ def test_compare_runs_both_from_the_same_start(local_cluster):
     assert len(w_sync) == 4
 
 
-def test_a_second_run_or_comparison_on_a_training_cluster_is_refused_in_one_line(c3):
+def test_a_second_run_or_comparison_on_a_training_cluster_is_refused_in_one_line(local_cluster):
     """Two runs on the same tasks at once deadlock inside TensorFlow: the second start is refused, in
-    the caller, naming the run that trains; once that one ends, a new run starts."""
+    the caller, naming the run that trains; once that one ends, a new run starts.
+
+    On the session's cluster, which the tests before it use: going back to ``cluster3`` here meant a
+    change of the connection (``update_server_def``), and that change hung past its 10 s deadline in
+    CI runs after this module's kill-and-restart tests (issue 22 item 11, open), failing this test and,
+    with the connection change still pending, the next two. Switching clusters is tested elsewhere.
+    """
+    c3 = local_cluster
     first = tfmagic.train(c3, mode="async", model="linear", steps=100_000, block=False, name="long")
     try:
         # bounded: a run that ended at once (seen twice, under load, after the tests before it
@@ -560,8 +567,10 @@ def test_a_second_run_or_comparison_on_a_training_cluster_is_refused_in_one_line
     assert tfmagic.train(c3, mode="sync", model="linear", steps=5).steps == 5
 
 
-def test_an_event_after_the_runs_last_update_is_refused_in_one_line(c3):
-    """An event past the last update would never happen and nothing would say so."""
+def test_an_event_after_the_runs_last_update_is_refused_in_one_line(local_cluster):
+    """An event past the last update would never happen and nothing would say so (on the session's
+    cluster, for the reason the test above gives)."""
+    c3 = local_cluster
     for start in (
         lambda: tfmagic.train(
             c3, "async", model="linear", steps=100, events="150: kill worker:1", block=False
