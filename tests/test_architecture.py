@@ -288,3 +288,26 @@ def test_the_architecture_page_names_every_layered_module():
     modules = [m.strip().split(".", 1)[1] for layer in contract["layers"] for m in layer.split("|")]
     missing = [m for m in modules if not re.search(rf"\b{re.escape(m)}(\.py|/)", page)]
     assert missing == [], f"docs/architecture.md does not show {missing}"
+
+
+def test_every_wire_message_is_named_in_protocol_and_used_by_name():
+    """Every op has one handler in the task; no op or event is spelled as a string on either side."""
+    import re
+
+    from tfmagic.protocol import URGENT, Op
+    from tfmagic.task import probes
+
+    assert set(probes.HANDLERS) == URGENT
+    runtime = (PACKAGE / "task" / "runtime.py").read_text()
+    handled = set(re.findall(r"^\s+Op\.(\w+): ", runtime, re.M))
+    assert handled == {op.name for op in Op if op not in URGENT}, handled
+    spelled = []
+    relay = {"netshape.py", "shaper_main.py"}  # the network relay's own channel, not a task's
+    for path in PACKAGE.rglob("*.py"):
+        if path.name in relay:
+            continue
+        text = "\n".join(line for line in path.read_text().splitlines() if not line.lstrip().startswith("#"))
+        pattern = r'\.(?:request|send)\(\s*"(\w+)"|"event": "(\w+)"|"event"\) == "(\w+)"'
+        for m in re.finditer(pattern, text):
+            spelled.append(f"{path.relative_to(PACKAGE.parent)}: {m.group(0)}")
+    assert spelled == [], f"name these by Op or Event (tfmagic/protocol.py): {spelled}"
