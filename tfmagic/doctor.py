@@ -240,7 +240,7 @@ _WAITS_FOR_CHIEF = re.compile(
 
 def _look_inside(cluster, on, wait, waits_now) -> tuple[str, str] | None:
     """(cause, next step) for a ``%%tf_px`` cell that waits on running tasks, from their stacks
-    and the cell's own objects (see ``TaskRuntime._cell_hints``); None when nothing is recognised."""
+    and the cell's own objects (see :meth:`tfmagic.task.cells.Cells.hints`); None when nothing is recognised."""
     for task in on:
         proc = cluster.procs.get(task)
         if proc is None:

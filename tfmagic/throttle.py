@@ -7,7 +7,7 @@ that process does slows down, whoever asks it (the training engine, a
 ``%%tf_device`` cell, a TF1 session from another program): the slowness is a
 property of the task, not a sleep in tfmagic's loop.
 
-A task process starts this helper as its own child (see ``task_main``), so
+A task process starts this helper as its own child (see :mod:`tfmagic.task.probes`), so
 it runs beside the task on whatever host the task is on, and dies with the
 task's process group.  The helper always leaves the process running when it
 ends (SIGTERM, the task gone, or its owner gone).

@@ -126,7 +126,9 @@ class Cluster:
             use_spares=self.use_spares,
         )
         #: the modelled network chosen at start (see :mod:`.network` and :mod:`tfmagic.netshape`)
-        self.network = ClusterNetwork(net, shape, self.launcher, self.taskset, self.emit, self.check_task)
+        self.network = ClusterNetwork(
+            net, shape, self.launcher, self.taskset, self.emit, self.check_task, self.tasks
+        )
         self.started_at: float | None = None
         self.stopped_at: float | None = None
         self.last_outcome: StartOutcome | None = None

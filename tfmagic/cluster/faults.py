@@ -103,35 +103,35 @@ def restart(
     deadline = t0 + (timeout or cluster.start_timeout)
     taken = cluster.pool.take(cluster.launcher, 1) if cluster.use_spares else []
     warm = bool(taken and taken[0].warm_at)
-    with cluster.taskset.lock:
-        for attempt in range(1, 30):  # noqa: B007 - reported in the outcome
-            proc = (
-                taken.pop()
-                if taken
-                else cluster.launcher.spawn(cluster.taskset.log_path(t), old.destination or old.host)
+    for attempt in range(1, 30):  # noqa: B007 - reported in the outcome
+        proc = (
+            taken.pop()
+            if taken
+            else cluster.launcher.spawn(cluster.taskset.log_path(t), old.destination or old.host)
+        )
+        try:
+            cluster.taskset.bring_up(
+                {t: proc},
+                defn,
+                lambda *_: None,
+                deadline,
+                bind_ports=cluster.network.bind_ports,
+                what="the restart",
             )
-            try:
-                cluster.taskset.bring_up(
-                    {t: proc},
-                    defn,
-                    lambda *_: None,
-                    deadline,
-                    bind_ports=cluster.network.bind_ports,
-                    what="the restart",
+            break
+        except _PortTaken:
+            proc.kill()
+            if time.monotonic() > deadline:
+                raise cluster.taskset.failure(
+                    t, proc, f"could not get its port {defn.address(t)} back in time"
                 )
-                break
-            except _PortTaken:
-                proc.kill()
-                if time.monotonic() > deadline:
-                    raise cluster.taskset.failure(
-                        t, proc, f"could not get its port {defn.address(t)} back in time"
-                    )
-                time.sleep(0.2)  # the old listener may still be closing
-            except BaseException:
-                proc.kill()
-                raise
-        else:  # pragma: no cover - 30 port clashes in a row
-            raise ClusterStartError(f"{t} could not get its port {defn.address(t)} back")
+            time.sleep(0.2)  # the old listener may still be closing
+        except BaseException:
+            proc.kill()
+            raise
+    else:  # pragma: no cover - 30 port clashes in a row
+        raise ClusterStartError(f"{t} could not get its port {defn.address(t)} back")
+    with cluster.taskset.lock:  # only the swap: a stop is not held up by a restart's wait
         cluster.taskset.replace(t, proc)
         _full_speed(cluster, t)
     if client.is_connected(cluster.id):

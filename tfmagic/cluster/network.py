@@ -29,6 +29,7 @@ class ClusterNetwork:
         taskset: TaskSet,
         emit: Emit,
         check_task: Callable[[str | TaskName], TaskName],
+        tasks: Callable[[str | None], list[TaskName]],
     ) -> None:
         #: cards (``ps:0``), which give their task a relay, and link rules (``worker:0->ps:0``), which
         #: give a relay to theirs (see :mod:`tfmagic.netshape`)
@@ -51,6 +52,7 @@ class ClusterNetwork:
         self._taskset = taskset
         self._emit = emit
         self._check_task = check_task
+        self._running_tasks = tasks
         self._starting: dict[TaskName, TaskHandle] = {}
 
     def shaped(self, task: TaskName) -> netshape.LinkModel | None:
@@ -112,7 +114,7 @@ class ClusterNetwork:
         """The running cluster's tasks a card or link names (``ps:0``, ``worker:*``)."""
         if pattern.endswith(":*"):
             job = pattern[:-2]
-            found = [t for t in self._taskset.require().tasks() if t.job == job]
+            found = self._running_tasks(job)
             if not found:
                 self._check_task(f"{job}:0")  # says which tasks the cluster has
             return found

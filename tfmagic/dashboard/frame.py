@@ -136,7 +136,7 @@ class Frame:
         self.staleness.draw(self, traces)
         gantt_changed = self.gantt.draw(self, view)
         marks_changed = self.events.draw(self, view, traces, at)
-        limits = self.limits(traces)
+        limits = self.limits(traces, at)
         canvas = FigureCanvasAgg(fig) if self.canvas is None else self.canvas
         self.canvas = canvas
         changed = {
@@ -221,8 +221,11 @@ class Frame:
             if key in regions:
                 self.fig.draw_artist(a)
 
-    def limits(self, traces: list[dict]) -> tuple:
-        """Axis limits that change rarely (grown in steps), so most frames only redraw lines."""
+    def limits(self, traces: list[dict], at: float) -> tuple:
+        """Axis limits that change rarely (grown in steps), so most frames only redraw lines.
+
+        ``at`` is the throughput axis's time 0 (:func:`.panels.offset`), computed once per frame.
+        """
 
         def grow(current, needed, factor=2.0, floor=1.0):
             # doubling: a long run redraws its axes a handful of times, not every few seconds
@@ -242,14 +245,12 @@ class Frame:
             else:
                 xs_loss.append(max(x))
                 losses.extend(v for v in y if v > 0)
-        xs_tp.extend(
-            m.t - panels.offset(self.view) for m in list(self.view.marks)
-        )  # every event's line in view
+        xs_tp.extend(m.t - at for m in list(self.view.marks))  # every event's line in view
         # Every change of limits redraws the axes (60-140 ms here, against 9 ms for a usual
         # frame, and it holds the Python lock the training threads need), so limits grow in
         # few, large steps: measured, a 3,000-step run redrew 8 times when they doubled.
         lim["tp_x"] = grow(lim.get("tp_x", 30.0), max(xs_tp))
-        lim["tp_x0"] = min([0.0] + [a - panels.offset(self.view) for a, _ in panels.warmups(self.view)])
+        lim["tp_x0"] = min([0.0] + [a - at for a, _ in panels.warmups(self.view)])
         lim["tp_y"] = grow(lim.get("tp_y", 5.0), max(ys_tp), 4.0)  # rates ramp up over the window
         if self.view.x == "seconds":
             lim["loss_x"] = grow(lim.get("loss_x", 30.0), max(xs_loss))

@@ -101,7 +101,7 @@ class Cells:
                 self._gate(msg["exec_id"]).set()
 
     def go(self, msg: dict[str, Any]) -> None:
-        """Every target of a %%tf_px cell is ready: start its body now (see ``exec_cell``)."""
+        """Every target of a %%tf_px cell is ready: start its body now (see :meth:`run`)."""
         self._gate(msg["exec_id"]).set()
 
     def variables(self, msg: dict[str, Any]) -> None:
@@ -246,7 +246,7 @@ class Cells:
         Between-graph workers that start at different moments do not share the
         work: the first would train alone while the second still imports.  So
         each target first runs the cell's leading imports (TensorFlow's API is
-        already complete: ``_namespace``), tells the owner ``exec_ready``, and
+        already complete: :meth:`namespace`), tells the owner ``exec_ready``, and
         starts the body only when the owner says ``go`` (every target ready,
         or gone).  An import that fails here fails again, visibly, in the body.
         """
