@@ -45,8 +45,9 @@
 # %tf_cluster start --ps 1 --workers 3 --pace 150ms
 
 # %% [markdown]
-# Both runs below start from the same initial weights and train the same model (a small MLP on scikit-learn's
-# handwritten digits, batch 32 per worker step) on the same data shards, for the same number of updates.
+# Both runs below start from the same initial weights and train the same model (a small MLP on the UCI
+# handwritten digits that ship with tfmagic, batch 32 per worker step) on the same data shards, for the
+# same number of updates.
 # Every few updates each run measures the loss on the **same 256 held-out examples**: the one measure both modes
 # share (a sync update's own loss averages three batches, an async one's is one batch).
 

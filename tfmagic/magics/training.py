@@ -48,7 +48,7 @@ class TrainingMagics(Magics):
     @argument(
         "--model",
         default="linear",
-        help="linear (y = 2x + 10) | digits (MLP on scikit-learn's digits) | the name of a tfmagic.KerasModel variable",
+        help="linear (y = 2x + 10) | digits (an MLP on the UCI handwritten digits) | the name of a tfmagic.KerasModel variable",
     )
     @argument("--steps", type=positive_count, default=200, help="global updates to apply")
     @argument("--lr", type=positive, default=0.1, help="learning rate (a finite number > 0)")

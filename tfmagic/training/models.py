@@ -5,8 +5,8 @@ loss computed from the weights and a batch, and data already split into
 train and held-out parts.  Built-in:
 
 * ``"linear"``: the seeds' y = 2x + 10 (one weight, one bias);
-* ``"digits"``: a small MLP (64-32-10) on scikit-learn's handwritten digits
-  (1,797 8x8 images that ship inside the scikit-learn package: no download);
+* ``"digits"``: a small MLP (64-32-10) on the UCI handwritten digits
+  (1,797 8x8 images that ship inside tfmagic, ``data/digits.npz``: no download);
 * any Keras model, given as a function that builds it plus arrays or a
   ``tf.data`` input function (see :class:`KerasModel`).
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -122,17 +123,20 @@ class Linear(Model):
 
 
 class Digits(Model):
-    """A 64-``hidden``-10 MLP on scikit-learn's digits (shipped with the package)."""
+    """A 64-``hidden``-10 MLP on the UCI handwritten digits (``data/digits.npz``, shipped with tfmagic).
+
+    The same 1,797 images as scikit-learn's ``load_digits``; tfmagic carries them itself so that it
+    does not install scikit-learn, which every ``import tensorflow`` would then import too (Keras'
+    wrappers look for it).
+    """
 
     name = "digits"
     classifier = True
 
     def __init__(self, hidden: int = 32, seed: int = 0):
-        from sklearn.datasets import load_digits
-
-        d = load_digits()
-        x = (d.data / 16.0).astype(np.float32)
-        y = d.target.astype(np.int32)
+        with np.load(Path(__file__).with_name("data") / "digits.npz") as d:
+            x = (d["images"] / 16.0).astype(np.float32)
+            y = d["labels"].astype(np.int32)
         order = np.random.default_rng(seed).permutation(len(x))
         x, y = x[order], y[order]
         cut = int(len(x) * 0.8)
