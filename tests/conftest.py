@@ -55,9 +55,29 @@ _LAST_UNIT = pytest.StashKey[object]()
 _UNIT_FAILED = pytest.StashKey[list]()
 
 
+def _cpu_seconds() -> float:
+    """CPU this test process and the children it has reaped have used (kernels, launchers, tasks)."""
+    import resource
+
+    own, reaped = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
+
+
+_CPU_AT_START: dict[str, float] = {}
+
+
+def pytest_runtest_logstart(nodeid, location):
+    _CPU_AT_START[nodeid] = _cpu_seconds()
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     report = yield
+    if call.when == "teardown" and item.nodeid in _CPU_AT_START:
+        # CI is CPU-bound on two cores: the JUnit XML carries each test's CPU beside its time
+        # (tests/durations.py sums both). A process counts when it is reaped, so a shared
+        # fixture's processes count in the test whose tear-down ended them.
+        report.user_properties.append(("cpu_s", f"{_cpu_seconds() - _CPU_AT_START.pop(item.nodeid):.1f}"))
     failed = item.config.stash.get(_UNIT_FAILED, None)
     if failed is not None and report.failed and _is_unit(item):
         failed.append(item.nodeid)

@@ -5,7 +5,9 @@
 
 A test counts in its heaviest tier (notebook > browser > server > soak > kernel > cluster > unit),
 the order ``tests/README.md`` budgets them in. Times include each test's fixtures' set-up and
-tear-down, as JUnit records them.
+tear-down, as JUnit records them. CPU seconds (``tests/conftest.py`` records them as the ``cpu_s``
+property: the test process and the processes it reaped) show what lanes could gain: on two cores a
+tier that uses 1.4 cores gains little from running beside another.
 """
 
 from __future__ import annotations
@@ -38,9 +40,14 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=15, help="the slowest files and tests to list")
     args = parser.parse_args()
     times: dict[str, float] = {}
+    cpu: dict[str, float] = {}
     for case in ET.parse(args.xml).getroot().iter("testcase"):
         path = case.get("classname", "").replace(".", "/") + ".py"
-        times[f"{path}::{case.get('name')}"] = float(case.get("time", 0))
+        nid = f"{path}::{case.get('name')}"
+        times[nid] = float(case.get("time", 0))
+        for prop in case.iter("property"):
+            if prop.get("name") == "cpu_s":
+                cpu[nid] = float(prop.get("value"))
     tier_of: dict[str, str] = {}
     for tier in reversed(HEAVIEST_FIRST):  # heavier tiers overwrite lighter ones
         for nid in node_ids(tier):
@@ -52,11 +59,17 @@ def main() -> None:
         per_file[nid.split("::")[0]] += seconds
     total = sum(times.values())
     print(f"{len(times)} tests, {total:.0f} s in all")
-    print(f"{'tier':10s} {'tests':>6s} {'seconds':>8s} {'share':>6s}")
+    cpu_of = defaultdict(float)
+    for nid, seconds in cpu.items():
+        cpu_of[tier_of.get(nid, "?")] += seconds
+    print(f"{'tier':10s} {'tests':>6s} {'seconds':>8s} {'share':>6s} {'CPU s':>7s} {'cores':>6s}")
     for tier in (*HEAVIEST_FIRST, "?"):
         if per_tier.get(tier):
             s = sum(per_tier[tier])
-            print(f"{tier:10s} {len(per_tier[tier]):6d} {s:8.0f} {s / total:6.0%}")
+            used = f"{cpu_of[tier]:7.0f} {cpu_of[tier] / s:6.2f}" if cpu and s else ""
+            print(f"{tier:10s} {len(per_tier[tier]):6d} {s:8.0f} {s / total:6.0%} {used}")
+    if cpu:
+        print(f"all CPU: {sum(cpu.values()):.0f} s, {sum(cpu.values()) / total:.2f} cores on average")
     print(f"\nthe {args.top} slowest files")
     for path, s in sorted(per_file.items(), key=lambda kv: -kv[1])[: args.top]:
         print(f"  {s:7.0f} s  {path}")
