@@ -311,3 +311,23 @@ def test_every_wire_message_is_named_in_protocol_and_used_by_name():
         for m in re.finditer(pattern, text):
             spelled.append(f"{path.relative_to(PACKAGE.parent)}: {m.group(0)}")
     assert spelled == [], f"name these by Op or Event (tfmagic/protocol.py): {spelled}"
+
+
+def test_a_clusters_settings_live_in_one_place():
+    """``cluster.use_spares = True`` after construction reaches the task set that takes the spares.
+
+    The split into a facade and a task set once left two copies: the cluster's was set, the task
+    set's was read, and an add took no warm spare.
+    """
+    import tfmagic
+    from tfmagic.pool import SparePool
+
+    cluster = tfmagic.LocalCluster(ps=1, workers=1, spares=False)  # nothing starts until start()
+    assert cluster.use_spares is False and cluster.taskset.use_spares is False
+    cluster.use_spares = True
+    assert cluster.taskset.use_spares is True
+    cluster.start_timeout = 7
+    assert cluster.taskset.start_timeout == 7.0
+    pool = SparePool(budget="0")
+    cluster.pool = pool
+    assert cluster.taskset.pool is pool

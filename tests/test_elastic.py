@@ -299,11 +299,14 @@ def test_twenty_add_remove_cycles_during_async_leave_no_orphan_and_lose_no_updat
     before = set(task_processes())
     run = tfmagic.train(cluster, "async", steps=10**6, block=False, name="elastic-cycles")
     ended = []
+    from_pool = 0
     try:
         poll_for(lambda: run.history.steps > 20, 120, what="async to start stepping")
         for cycle in range(20):
+            spares = {p.pid for p in cluster.pool.processes()}
             cluster.add("worker")
             pid = cluster.procs["worker:2"].pid
+            from_pool += pid in spares
             n = _applied(run.history, "worker:2")
             poll_for(
                 lambda n=n: _applied(run.history, "worker:2") > n,
@@ -316,6 +319,8 @@ def test_twenty_add_remove_cycles_during_async_leave_no_orphan_and_lose_no_updat
     finally:
         run.stop()
         cluster.use_spares = False
+    # each add refills the pool for the next: setting use_spares on the cluster reaches its task set
+    assert from_pool >= 15, f"only {from_pool} of 20 adds took a spare from the pool"
     assert run.error is None, run.error
     assert_gone(ended)
     assert run.params.read_step() == len(run.history.global_steps) == run.history.steps

@@ -11,7 +11,7 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from .. import client, doctor, netshape, owner, placement, traffic
-from ..errors import BadClusterShape, NoCluster, TaskLost
+from ..errors import BadClusterShape, NoCluster
 from ..events import Event, Topic
 from ..launchers.base import Launcher, TaskHandle
 from ..launchers.local import LocalLauncher
@@ -41,6 +41,22 @@ def gpu_map(worker_gpus, workers: int) -> dict[int, str]:
             f"worker_gpus has {len(gpus)} entries for {workers} workers; give one per worker"
         )
     return dict(enumerate(gpus))
+
+
+class _TaskSetting:
+    """An attribute of the cluster that lives on its :class:`TaskSet` (one copy, never two)."""
+
+    def __init__(self, doc: str) -> None:
+        self.__doc__ = doc
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, cluster, kind=None):
+        return self if cluster is None else getattr(cluster.taskset, self.name)
+
+    def __set__(self, cluster, value) -> None:
+        setattr(cluster.taskset, self.name, value)
 
 
 class Cluster:
@@ -105,11 +121,7 @@ class Cluster:
         self.launcher = launcher or LocalLauncher()
         self.env = dict(env or {})
         self.worker_gpus = gpu_map(worker_gpus, workers)
-        self.use_spares = (
-            spares and self.launcher.makes_spares and os.environ.get("TFMAGIC_SPARES", "1") != "0"
-        )
-        self.pool = pool or default_pool()
-        self.start_timeout = float(start_timeout)
+        use_spares = spares and self.launcher.makes_spares and os.environ.get("TFMAGIC_SPARES", "1") != "0"
         self._log_dir = Path(log_dir) if log_dir else None
         #: the task processes, the definition they serve, and every change of them (see :mod:`.taskset`)
         self.taskset = TaskSet(
@@ -119,11 +131,11 @@ class Cluster:
             log_dir=lambda: self.log_dir,
             task_env=self.task_env,
             collective=collective,
-            start_timeout=self.start_timeout,
+            start_timeout=float(start_timeout),
             emit=self.emit,
             cluster_id=self.id,
-            pool=self.pool,
-            use_spares=self.use_spares,
+            pool=pool or default_pool(),
+            use_spares=use_spares,
         )
         #: the modelled network chosen at start (see :mod:`.network` and :mod:`tfmagic.netshape`)
         self.network = ClusterNetwork(
@@ -154,6 +166,11 @@ class Cluster:
     @property
     def shape(self) -> ClusterShape:
         return self.taskset.shape
+
+    # Settings the task set acts on, kept in one place: a change after construction reaches it
+    use_spares = _TaskSetting("Whether starts, restarts and adds take warm spares from :attr:`pool` first.")
+    pool = _TaskSetting("The warm spare processes this cluster takes from (:mod:`tfmagic.pool`).")
+    start_timeout = _TaskSetting("Seconds a start, restart or add waits for its servers.")
 
     @property
     def slowness(self) -> dict[TaskName, float]:
@@ -353,25 +370,7 @@ class Cluster:
     @contextlib.contextmanager
     def device(self, task: str | TaskName) -> Iterator[str]:
         """Place the TensorFlow ops created inside on ``task``; connects first."""
-        t = self.check_task(task)
-        proc = self.procs.get(t)
-        if proc is not None and not proc.alive:
-            raise TaskLost(
-                f"{t} (pid {proc.pid}) is not running (exit code {proc.exit_code}); "
-                f"restart it: cluster.restart('{t}')"
-            )
-        state = self.condition(t)
-        if state.startswith(("stopped", "not answering")):
-            raise TaskLost(
-                f"{t} is {state}: ops placed on it would wait until it is continued. Continue it "
-                f"(kill -CONT {proc.task_pid}) or replace it: cluster.restart('{t}', force=True)"
-            )
-        self.connect(force=client.is_connected(self.id) and t in client.omitted())
-        if t in client.omitted():
-            raise TaskLost(
-                f"{t} does not answer ({self.condition(t)}); ops cannot be placed on it now. "
-                f"cluster.why() says why; cluster.restart('{t}', force=True) replaces it"
-            )
+        t, proc = inspection.placeable(self, task)  # connected, and the task answers
         import tensorflow as tf
 
         made_by = placement.creator(self.id, f"cell on {t}", proc.task_pid if proc is not None else None)

@@ -12,6 +12,7 @@ from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from .. import client, placement
+from ..errors import TaskLost
 from ..launchers.base import TaskHandle
 from ..protocol import Op
 from ..spec import TaskName
@@ -164,3 +165,30 @@ def placement_of(cluster: Cluster, run=None) -> placement.Placement:
 
 
 __all__ = ["condition", "condition_of", "logs", "placement_of", "status"]
+
+
+def placeable(cluster: Cluster, task: str | TaskName) -> tuple[TaskName, TaskHandle | None]:
+    """``task`` checked for placing ops on it, the client connected: the task and its process.
+
+    A stopped or dead task would make the ops wait for ever; each case is one line saying what to do.
+    """
+    t = cluster.check_task(task)
+    proc = cluster.procs.get(t)
+    if proc is not None and not proc.alive:
+        raise TaskLost(
+            f"{t} (pid {proc.pid}) is not running (exit code {proc.exit_code}); "
+            f"restart it: cluster.restart('{t}')"
+        )
+    state = cluster.condition(t)
+    if state.startswith(("stopped", "not answering")):
+        raise TaskLost(
+            f"{t} is {state}: ops placed on it would wait until it is continued. Continue it "
+            f"(kill -CONT {proc.task_pid}) or replace it: cluster.restart('{t}', force=True)"
+        )
+    cluster.connect(force=client.is_connected(cluster.id) and t in client.omitted())
+    if t in client.omitted():
+        raise TaskLost(
+            f"{t} does not answer ({cluster.condition(t)}); ops cannot be placed on it now. "
+            f"cluster.why() says why; cluster.restart('{t}', force=True) replaces it"
+        )
+    return t, proc
