@@ -42,6 +42,8 @@ from .panes import Panes
 
 #: the share of the kernel's time a refreshing dashboard may take (measured: bench/dashboard.py)
 BUDGET = 0.04
+#: seconds between the frames drawn once nothing trains, and how often a wait looks for a run's end
+GRACE_GAP = 0.25
 
 
 def _histories(runs) -> list:
@@ -316,13 +318,29 @@ class Dashboard:
                 grace -= 1
                 if grace <= 0:
                     break
-            self._stop.wait(max(0.0, self.interval - (time.monotonic() - t0)))
+                # nothing trains any more, so no budget to keep: the last frame follows at once
+                self._stop.wait(GRACE_GAP)
+                continue
+            self._pause(self.interval - (time.monotonic() - t0))
         if self._stop.is_set():  # stopped from outside (the cluster stopped): one last frame
             self._refresh_once()
         self._unsubscribe()
         if self.meter is not None:  # started by this dashboard: it measures no longer
             self.meter.stop()
         self._publish_final()
+
+    def _pause(self, seconds: float) -> None:
+        """Wait for the next frame, or less: the end of the last run is drawn when it comes.
+
+        Frames are spaced to keep to the budget (seconds apart when they are costly); a run that
+        ends early in that gap would otherwise show its final numbers only after it.
+        """
+        deadline = time.monotonic() + seconds
+        while not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.active:
+                return
+            self._stop.wait(min(left, GRACE_GAP))
 
     def _refresh_once(self) -> None:
         """One frame, yielding the GIL promptly to the engine's threads, and the spacing of the next.
