@@ -10,7 +10,9 @@ process (its own client):
 * a plain loop: a thread per worker calling a one-step ``tf.function`` on it.
 
 tfmagic runs one step per call (its default) and packed, 4 and 16 steps per
-call (``steps_per_call``, every step still recorded).  All alternate, several
+call (``steps_per_call``, every step still recorded); and one step per call over
+TensorFlow's streaming enqueue, which tfmagic's engine no longer uses (a call to a
+worker killed under it could wait a minute: ``tfmagic.training.steps``).  All alternate, several
 rounds, and the medians are compared.
 
     python bench/async_vs_coordinator.py [--rounds 3] [--steps 600]
@@ -133,10 +135,26 @@ PLAIN = textwrap.dedent(
 )
 
 
-def tfmagic_rate(cluster, steps: int, batch: int, lr: float, per_call: int = 1) -> float:
-    h = tfmagic.train(
-        cluster, mode="async", model=Digits(), steps=steps, batch_size=batch, lr=lr, steps_per_call=per_call
-    )
+def tfmagic_rate(
+    cluster, steps: int, batch: int, lr: float, per_call: int = 1, streaming: bool | None = None
+) -> float:
+    from tfmagic.training import steps as engine
+
+    kept = engine.STREAMING_ENQUEUE
+    if streaming is not None:  # TensorFlow's streaming enqueue, as tfmagic used before issue 22 item 11
+        engine.STREAMING_ENQUEUE = streaming
+    try:
+        h = tfmagic.train(
+            cluster,
+            mode="async",
+            model=Digits(),
+            steps=steps,
+            batch_size=batch,
+            lr=lr,
+            steps_per_call=per_call,
+        )
+    finally:
+        engine.STREAMING_ENQUEUE = kept
     g = h.global_steps
     return (len(g) - WARMUP) / (g[-1].time - g[WARMUP - 1].time)
 
@@ -164,6 +182,9 @@ def main() -> None:
     args = parser.parse_args()
     runs = {
         "tfmagic async, 1 step per call": lambda c: tfmagic_rate(c, args.steps, args.batch, args.lr),
+        "tfmagic async, 1 per call, streaming": lambda c: tfmagic_rate(
+            c, args.steps, args.batch, args.lr, streaming=True
+        ),
         "tfmagic async, 4 steps per call": lambda c: tfmagic_rate(c, args.steps, args.batch, args.lr, 4),
         "tfmagic async, 16 steps per call": lambda c: tfmagic_rate(c, args.steps, args.batch, args.lr, 16),
         "PSS + ClusterCoordinator": lambda c: coordinator_rate(c, args.steps, args.batch, args.lr),
@@ -181,6 +202,10 @@ def main() -> None:
     one = med["tfmagic async, 1 step per call"]
     print(f"tfmagic (1 per call) / coordinator: {one / coord:.2f}   (aim >= 0.95)")
     print(f"tfmagic (1 per call) / plain loop : {one / plain:.2f}   (aim >= 1.0)")
+    streamed = med["tfmagic async, 1 per call, streaming"]
+    print(
+        f"tfmagic (1 per call), unary / streaming enqueue: {one / streamed:.2f}   (the cost of failing fast)"
+    )
     for k in (4, 16):
         print(
             f"tfmagic ({k} per call) / coordinator: {med[f'tfmagic async, {k} steps per call'] / coord:.2f}   (aim >= 1.5)"

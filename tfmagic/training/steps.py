@@ -44,6 +44,17 @@ def kept(fn):
     return fn
 
 
+#: seconds a worker's thread waits for its executor to drain when it ends (a live worker's is done
+#: at once; a killed worker's can wait on the dead task for gRPC's minute)
+EXECUTOR_CLEAR_S = 2.0
+#: TensorFlow's streaming enqueue (one gRPC stream per remote context) is off for the engine's
+#: threads: a call on the stream of a worker killed a moment before waited out gRPC's minute before
+#: it failed, in half the kills under async (issue 22, item 11), and a unary call to a dead task
+#: fails at once. Switching only the record reads to unary calls left the steps' calls waiting.
+#: The cost, measured side by side: bench/async_vs_coordinator.py
+STREAMING_ENQUEUE = False
+
+
 @contextlib.contextmanager
 def own_executor():
     """A synchronous eager executor for this thread, as ClusterCoordinator uses.
@@ -57,12 +68,13 @@ def own_executor():
 
     from .params import clear_executor
 
-    ex = executor.new_executor(enable_async=False)
+    ex = executor.new_executor(enable_async=False, enable_streaming_enqueue=STREAMING_ENQUEUE)
     try:
         with context.executor_scope(ex):
             yield
     finally:
-        clear_executor(ex)
+        # thrown away now: a call still waiting on a dead task finishes (or fails) in the background
+        clear_executor(ex, timeout=EXECUTOR_CLEAR_S)
 
 
 def with_own_executor(fn):
