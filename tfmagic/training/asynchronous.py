@@ -56,7 +56,10 @@ class AsyncLoop:
     def _run(self) -> None:
         for w in self.policy.members():
             w.thread = threading.Thread(
-                target=with_own_executor(self.work), args=(w,), name=f"tfmagic-async-{w.task}", daemon=True
+                target=with_own_executor(self.work, for_async=True),
+                args=(w,),
+                name=f"tfmagic-async-{w.task}",
+                daemon=True,
             )
             w.thread.start()
         last_check, seen = time.monotonic(), -1
@@ -126,7 +129,7 @@ class AsyncLoop:
         for w in list(self.policy.workers.values()):
             if w.thread is None and not w.retired and not w.leaving:
                 w.thread = threading.Thread(
-                    target=with_own_executor(self.work),
+                    target=with_own_executor(self.work, for_async=True),
                     args=(w,),
                     name=f"tfmagic-async-{w.task}",
                     daemon=True,

@@ -47,16 +47,17 @@ def kept(fn):
 #: seconds a worker's thread waits for its executor to drain when it ends (a live worker's is done
 #: at once; a killed worker's can wait on the dead task for gRPC's minute)
 EXECUTOR_CLEAR_S = 2.0
-#: TensorFlow's streaming enqueue (one gRPC stream per remote context) is off for the engine's
-#: threads: a call on the stream of a worker killed a moment before waited out gRPC's minute before
-#: it failed, in half the kills under async (issue 22, item 11), and a unary call to a dead task
-#: fails at once. Switching only the record reads to unary calls left the steps' calls waiting.
-#: The cost, measured side by side: bench/async_vs_coordinator.py
+#: TensorFlow's streaming enqueue (one gRPC stream per remote context) is off for the async
+#: engine's threads: a call on the stream of a worker killed a moment before waited out gRPC's
+#: minute before it failed, in half the kills under async (issue 22, item 11), and a unary call to
+#: a dead task fails at once. Switching only the record reads to unary calls left the steps' calls
+#: waiting. The sync engine keeps the stream: with unary calls, one SIGSTOPped worker held sync
+#: with a backup worker still (test_abuse). The cost, side by side: bench/async_vs_coordinator.py
 STREAMING_ENQUEUE = False
 
 
 @contextlib.contextmanager
-def own_executor():
+def own_executor(for_async: bool = False):
     """A synchronous eager executor for this thread, as ClusterCoordinator uses.
 
     With TensorFlow's shared (asynchronous) executor, an error from one
@@ -68,7 +69,8 @@ def own_executor():
 
     from .params import clear_executor
 
-    ex = executor.new_executor(enable_async=False, enable_streaming_enqueue=STREAMING_ENQUEUE)
+    streaming = STREAMING_ENQUEUE if for_async else True
+    ex = executor.new_executor(enable_async=False, enable_streaming_enqueue=streaming)
     try:
         with context.executor_scope(ex):
             yield
@@ -77,9 +79,9 @@ def own_executor():
         clear_executor(ex, timeout=EXECUTOR_CLEAR_S)
 
 
-def with_own_executor(fn):
+def with_own_executor(fn, for_async: bool = False):
     def run(*args):
-        with own_executor():
+        with own_executor(for_async):
             return fn(*args)
 
     return run
