@@ -140,9 +140,9 @@ def tfmagic_rate(
 ) -> float:
     from tfmagic.training import steps as engine
 
-    kept = engine.STREAMING_ENQUEUE
+    kept = engine.ASYNC_STREAMING_ENQUEUE
     if streaming is not None:  # TensorFlow's streaming enqueue, as tfmagic used before issue 22 item 11
-        engine.STREAMING_ENQUEUE = streaming
+        engine.ASYNC_STREAMING_ENQUEUE = streaming
     try:
         h = tfmagic.train(
             cluster,
@@ -154,7 +154,7 @@ def tfmagic_rate(
             steps_per_call=per_call,
         )
     finally:
-        engine.STREAMING_ENQUEUE = kept
+        engine.ASYNC_STREAMING_ENQUEUE = kept
     g = h.global_steps
     return (len(g) - WARMUP) / (g[-1].time - g[WARMUP - 1].time)
 

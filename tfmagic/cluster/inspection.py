@@ -1,7 +1,8 @@
 """Looking at a running cluster: each task's condition and status row, its log, and the variable map.
 
-Read-only: nothing here changes a task.  :class:`~tfmagic.cluster.Cluster`
-delegates ``status``, ``condition``, ``logs`` and ``placement`` here; the
+Read-only: nothing here changes a task (``placeable`` connects the kernel's client before ops are
+placed, and refuses a task that cannot take them).  :class:`~tfmagic.cluster.Cluster`
+delegates ``status``, ``condition``, ``logs``, ``placement`` and ``device``'s checks here; the
 dashboard's task table reads the same rows (``Cluster.status()``), so there
 is one logic for a task's state.
 """
@@ -164,9 +165,6 @@ def placement_of(cluster: Cluster, run=None) -> placement.Placement:
     return out
 
 
-__all__ = ["condition", "condition_of", "logs", "placement_of", "status"]
-
-
 def placeable(cluster: Cluster, task: str | TaskName) -> tuple[TaskName, TaskHandle | None]:
     """``task`` checked for placing ops on it, the client connected: the task and its process.
 
@@ -192,3 +190,6 @@ def placeable(cluster: Cluster, task: str | TaskName) -> tuple[TaskName, TaskHan
             f"cluster.why() says why; cluster.restart('{t}', force=True) replaces it"
         )
     return t, proc
+
+
+__all__ = ["condition", "condition_of", "logs", "placeable", "placement_of", "status"]

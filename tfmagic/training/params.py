@@ -215,13 +215,13 @@ class ParameterStore:
             return [v.numpy() for v in self.variables]
 
 
-def clear_executor(ex=None, timeout: float | None = None) -> bool:
+def clear_executor(ex=None, timeout: float | None = None) -> None:
     """Forget a failed call's error, so the executor can be used (and deleted) quietly.
 
     With ``timeout``, for an executor about to be thrown away: wait at most that long, and leave the
     rest to a background thread. An executor whose worker was killed can wait a minute on a call to
     the dead task (gRPC's deadline) before it gives up, and the run's end waited with it (issue 22,
-    item 11); nothing of the dead worker's is still to come. Returns whether it finished in time.
+    item 11); nothing of the dead worker's is still to come.
     """
     from tensorflow.python.eager import context
 
@@ -239,10 +239,9 @@ def clear_executor(ex=None, timeout: float | None = None) -> bool:
 
     if timeout is None:
         clear()
-        return True
+        return
     import threading
 
     waiter = threading.Thread(target=clear, name="tfmagic-executor-clear", daemon=True)
     waiter.start()  # holds the executor until TensorFlow lets go of it
     waiter.join(timeout)
-    return not waiter.is_alive()

@@ -53,7 +53,7 @@ EXECUTOR_CLEAR_S = 2.0
 #: a dead task fails at once. Switching only the record reads to unary calls left the steps' calls
 #: waiting. The sync engine keeps the stream: with unary calls, one SIGSTOPped worker held sync
 #: with a backup worker still (test_abuse). The cost, side by side: bench/async_vs_coordinator.py
-STREAMING_ENQUEUE = False
+ASYNC_STREAMING_ENQUEUE = False
 
 
 @contextlib.contextmanager
@@ -69,7 +69,7 @@ def own_executor(for_async: bool = False):
 
     from .params import clear_executor
 
-    streaming = STREAMING_ENQUEUE if for_async else True
+    streaming = ASYNC_STREAMING_ENQUEUE if for_async else True
     ex = executor.new_executor(enable_async=False, enable_streaming_enqueue=streaming)
     try:
         with context.executor_scope(ex):
