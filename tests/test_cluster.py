@@ -296,7 +296,13 @@ def test_worker_gpus_reach_each_worker_and_ps_stays_cpu_only():
             str(t): p.request("env", keys=["CUDA_VISIBLE_DEVICES"])["env"]["CUDA_VISIBLE_DEVICES"]
             for t, p in cluster.procs.items()
         }
+        growth = cluster.procs[tfmagic.TaskName("worker", 1)].request(
+            "env", keys=["TF_FORCE_GPU_ALLOW_GROWTH"]
+        )
     assert seen == {"ps:0": "", "worker:0": "0", "worker:1": "1"}
+    assert growth["env"]["TF_FORCE_GPU_ALLOW_GROWTH"] == "true", (
+        "workers sharing a GPU must not each take it all"
+    )
 
 
 def test_warm_start_takes_spares_after_a_stop(monkeypatch):

@@ -237,6 +237,9 @@ def connect(
         # A call to a dead task should fail at once (the engine then knows the
         # task is lost), not wait for it to come back.
         os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
+        # The kernel shares the machine's GPUs with a local cluster's workers:
+        # TensorFlow's default would take nearly all of a card's memory here first.
+        os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
         address = client_address or f"localhost:{client_port()}"
         jobs, left_out = _answering(defn)
         jobs["localhost"] = {0: address}

@@ -27,6 +27,10 @@ from .taskset import Progress, TaskSet, _PortTaken
 _ids = itertools.count(1)
 
 
+#: TensorFlow grows its GPU memory as needed instead of taking the whole card (set unless given)
+GPU_GROWTH = "TF_FORCE_GPU_ALLOW_GROWTH"
+
+
 def gpu_map(worker_gpus, workers: int) -> dict[int, str]:
     """``worker_gpus=`` as each worker's ``CUDA_VISIBLE_DEVICES`` (index -> devices)."""
     if worker_gpus is None:
@@ -199,6 +203,11 @@ class Cluster:
             env["CUDA_VISIBLE_DEVICES"] = ""
         elif task.job == "worker" and task.index in self.worker_gpus:
             env["CUDA_VISIBLE_DEVICES"] = self.worker_gpus[task.index]
+        if task.job != "ps" and GPU_GROWTH not in env and GPU_GROWTH not in os.environ:
+            # TensorFlow takes nearly all of a GPU's memory in the first process
+            # that touches it; the workers of a local cluster share the machine's
+            # GPUs with each other and with the kernel, so each takes what it uses.
+            env[GPU_GROWTH] = "true"
         return env
 
     @property
