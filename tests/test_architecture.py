@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import re
 from pathlib import Path
 
 import pytest
@@ -331,3 +332,20 @@ def test_a_clusters_settings_live_in_one_place():
     pool = SparePool(budget="0")
     cluster.pool = pool
     assert cluster.taskset.pool is pool
+
+
+def test_the_loops_a_lesson_prints_are_the_algorithm_on_one_screen():
+    """Notebook 02 prints these methods' source: what the student reads is what ran, so each must
+    be the algorithm itself, short enough to read (plumbing lives in named helpers)."""
+    import inspect
+
+    from tfmagic.training.asynchronous import AsyncLoop
+    from tfmagic.training.sync import SyncLoop
+
+    lesson = (Path(__file__).resolve().parents[1] / "notebooks" / "02_sync_vs_async.py").read_text()
+    for method in (SyncLoop.run, SyncLoop.work, AsyncLoop.work):
+        name = method.__qualname__
+        assert f"inspect.getsource({name})" in lesson, f"notebook 02 no longer prints {name}"
+        lines = inspect.getsource(method).splitlines()
+        assert len(lines) <= 40, f"{name} is {len(lines)} lines: move plumbing into named helpers"
+        assert not re.search(r"self\._(run|work)\(", "\n".join(lines)), f"{name} only wraps the algorithm"

@@ -109,6 +109,22 @@ def test_bytes_written_to_stdout_buffer_reach_the_cell(px_cluster):
     assert "h\u00e9llo" in out.stdout, out.stdout
 
 
+def test_what_c_code_and_child_processes_write_to_fd_1_reaches_the_cell(px_cluster):
+    """os.write(1, ...) and a child process's output went to the task's log, never to the cell."""
+    code = (
+        "import os, subprocess, sys\n"
+        "os.write(1, b'straight to fd 1\\n')\n"
+        "subprocess.run([sys.executable, '-c', 'print(\"from a child process\")'], check=True)\n"
+        "print('and a print')\n"
+    )
+    out = run_px(px_cluster, code, targets="worker:0").wait(120)["worker:0"]
+    assert out.status == "ok", out.traceback
+    for line in ("straight to fd 1", "from a child process", "and a print"):
+        assert line in out.stdout, out.stdout
+    after = run_px(px_cluster, "print('next cell')", targets="worker:0").wait(60)["worker:0"]
+    assert after.stdout.strip() == "next cell", "nothing of the last cell spills into the next"
+
+
 def test_a_script_follows_a_cell_as_the_magic_does(px_cluster, capsys):
     """The follow policy (prefixed lines as they come, what went wrong per task) is PxRun.follow(),
     so a script gets what %%tf_px shows."""

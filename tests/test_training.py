@@ -149,6 +149,22 @@ def test_async_converges_and_records_every_update(local_cluster):
         )
 
 
+def test_ssp_never_lets_an_update_be_staler_than_its_rule_allows():
+    """SSP with bound s on N paced, jittery workers: no applied update staler than (2s + 1)(N - 1)
+    (derived in tfmagic.experiments.ssp). A worker's clock counted steps computed, not landed, and a
+    paced step's gradient lands with the next call: updates reached 5 with bound 0 and 4 workers."""
+    from tfmagic.experiments.ssp import bound
+
+    with tfmagic.LocalCluster(ps=1, workers=3, pace="40ms", name="ssp-bound") as cluster:
+        cluster.pace.jitter = 0.5
+        for s in (0, 1):
+            h = tfmagic.train(cluster, "ssp", model="linear", steps=120, staleness=s, seed=s)
+            stale = [r.staleness for r in h.records if r.applied and not r.warmup]
+            assert len(stale) >= 100, len(stale)
+            assert max(stale) <= bound(s, 3), (s, max(stale), sorted(stale)[-10:])
+            assert sum(stale) > 0, "bounded, but not lock-step sync"
+
+
 def test_async_staleness_grows_for_a_slowed_worker(local_cluster):
     """Controlled case: while worker 1 runs at 1/16 speed, worker 0 applies
     several updates between each of worker 1's reads and applies.

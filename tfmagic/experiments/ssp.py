@@ -11,16 +11,20 @@ the stalled one.  Measured on one
 cluster: worker steps per second of each mode, and how stale each mode's
 updates were.
 
-The bound SSP's rule guarantees, with N workers: worker i reads the
-parameters for its step t when the slowest has finished at least t - s
-steps, so every other worker j had then finished at least t - s.  Its
-update lands before i finishes step t, and i has not finished t, so no
-worker can have started a step beyond t + s: j finishes at most t + s + 1
-steps by then.  So at most (t + s + 1) - (t - s) = 2s + 1 updates of each
-of the other N - 1 workers land in between: staleness at most
-(2s + 1)(N - 1), 21 for s = 3 and N = 4.  (Not (s + 1)N - 1: with N = 3 and
-s = 1 the rule allows 6, more than that formula's 5.)  Async has no bound:
-a stalled step lets the others run on.
+The bound SSP's rule guarantees, with N workers.  A worker's clock is the
+number of its steps whose updates are on the ps, and worker i may start
+its step t (counting from 0) only while t minus the smallest clock is at
+most s.  So when i reads the parameters for step t, every other worker j
+has at least t - s updates on the ps.  Until i's own update of step t
+lands, i's clock is at most t, so no worker can start a step beyond t + s:
+j has at most t + s + 1 updates on the ps by then.  So at most
+(t + s + 1) - (t - s) = 2s + 1 updates of each of the other N - 1 workers
+land in between: staleness at most (2s + 1)(N - 1), 21 for s = 3 and N = 4,
+3 for s = 0.  (Not (s + 1)N - 1: with N = 3 and s = 1 the rule allows 6,
+more than that formula's 5.  And a clock that counted steps computed
+rather than landed would allow (2s + 2)(N - 1): a paced step's gradient
+lands with the worker's next call.)  Async has no bound: a stalled step
+lets the others run on.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from typing import Any, NoReturn
 
 from ..errors import TaskHasNoInput
 from ..protocol import Event
+from . import fdout
 from .server import ServerInCell, tune_monitored_session
 
 
@@ -235,6 +236,7 @@ class Cells:
         finally:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             self.current_exec = None
+            fdout.drain()  # what the cell (or a child of it) wrote to fd 1 just before the end
             out.flush()
             err.flush()
             sys.stdout, sys.stderr = saved

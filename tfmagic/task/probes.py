@@ -48,7 +48,11 @@ def urgent_slow(rt, msg: dict[str, Any]) -> None:
             close_fds=True,
         )
     rt.slow_factor = factor
-    print(f"tfmagic: running at 1/{factor:g} speed" if factor > 1 else "tfmagic: full speed", flush=True)
+    print(
+        f"tfmagic: running at 1/{factor:g} speed" if factor > 1 else "tfmagic: full speed",
+        file=sys.__stderr__,
+        flush=True,
+    )
     rt.send(Event.SLOWED, id=msg.get("id"), factor=factor)
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from .. import protocol
 from ..protocol import Event, Op
-from . import probes
+from . import fdout, probes
 from .cells import Cells, NoInput
 from .lifeline import ParentWatch, end_now
 from .server import ServerCore, serve
@@ -133,7 +133,7 @@ class TaskRuntime:
             os.dup2(fd, 1)
             os.dup2(fd, 2)
             os.close(fd)
-        print(f"tfmagic: process {os.getpid()} takes the role {job}:{index}", flush=True)
+        print(f"tfmagic: process {os.getpid()} takes the role {job}:{index}", file=sys.__stderr__, flush=True)
         for key, value in (msg.get("env") or {}).items():
             if value is None:
                 os.environ.pop(key, None)
@@ -153,7 +153,12 @@ class TaskRuntime:
         self.task = (job, index)
         self.cluster = cluster
         port = int(cluster[job][index].rsplit(":", 1)[1])
-        print(f"tfmagic: {job}:{index} serving {self.server.target} (port {port})", flush=True)
+        print(
+            f"tfmagic: {job}:{index} serving {self.server.target} (port {port})",
+            file=sys.__stderr__,
+            flush=True,
+        )
+        fdout.capture()  # fd 1 reaches a running %%tf_px cell from here (a child's output, C code)
         self.send(Event.READY, job=job, index=index, target=self.server.target, port=port)
 
     @staticmethod

@@ -138,7 +138,9 @@ class ServerCore:
                 self.spec.loader.exec_module(self._package)
                 self.module = self._package
                 print(
-                    f"tfmagic: completed TensorFlow's Python API in {time.monotonic() - t0:.1f} s", flush=True
+                    f"tfmagic: completed TensorFlow's Python API in {time.monotonic() - t0:.1f} s",
+                    file=sys.__stderr__,  # the log, never a running cell (fd 1 may reach one: fdout)
+                    flush=True,
                 )
             return self.module
 

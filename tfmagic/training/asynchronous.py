@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass, field
 
 from .. import client
 from ..errors import TrainingError
@@ -29,6 +30,17 @@ from .steps import RING, SKIPPED, Worker, with_own_executor
 FETCH_EVERY = 8
 #: errors of a task coming or going (retried quietly), not of the step itself
 CONNECTION_ERRORS = ("UnavailableError", "CancelledError", "AbortedError", "DeadlineExceededError")
+
+
+@dataclass
+class Unread:
+    """A worker thread's steps whose numbers are still in the worker's ring."""
+
+    #: the modelled time of each step made since the last read (None: not paced)
+    pending: list = field(default_factory=list)
+    #: paced: the modelled time of the step whose gradient is in flight
+    held: float | None = None
+    last_flush: float = field(default_factory=time.monotonic)
 
 
 class AsyncLoop:
@@ -47,21 +59,8 @@ class AsyncLoop:
 
     def run(self) -> None:
         """Every worker steps on its own until the ps has counted ``steps`` updates."""
-        self.policy.begin_loop()
-        try:
-            self._run()
-        finally:
-            self.policy.end_loop()  # a ps still to leave: nothing steps now, its variables move off it
-
-    def _run(self) -> None:
         for w in self.policy.members():
-            w.thread = threading.Thread(
-                target=with_own_executor(self.work, for_async=True),
-                args=(w,),
-                name=f"tfmagic-async-{w.task}",
-                daemon=True,
-            )
-            w.thread.start()
+            self.start_worker(w)  # a thread per worker: `work`, below
         last_check, seen = time.monotonic(), -1
         while not self.control.stopping:
             time.sleep(0.1)
@@ -128,13 +127,20 @@ class AsyncLoop:
         """A worker that joined the cluster starts stepping at once (its thread places it first)."""
         for w in list(self.policy.workers.values()):
             if w.thread is None and not w.retired and not w.leaving:
-                w.thread = threading.Thread(
-                    target=with_own_executor(self.work, for_async=True),
-                    args=(w,),
-                    name=f"tfmagic-async-{w.task}",
-                    daemon=True,
-                )
-                w.thread.start()
+                self.start_worker(w)
+
+    def start_worker(self, w: Worker) -> None:
+        def thread() -> None:
+            try:
+                self.work(w)
+            finally:
+                if w.leaving:
+                    self.policy.retire(w)  # its last call returned and its rows are read: the task may go
+
+        w.thread = threading.Thread(
+            target=with_own_executor(thread, for_async=True), name=f"tfmagic-async-{w.task}", daemon=True
+        )
+        w.thread.start()
 
     def pause_and_respread(self, timeout: float = 10.0) -> None:
         """Pause every stepping worker (its call in flight returns, its rows are read), move the
@@ -169,78 +175,93 @@ class AsyncLoop:
             self.pausing.clear()
 
     def work(self, w: Worker) -> None:
-        try:
-            self._work(w)
-        finally:
-            if w.leaving:
-                self.policy.retire(w)  # its last call returned and its rows are read: the task may go
-
-    def _work(self, w: Worker) -> None:
         """A worker's thread: step as fast as this worker can (or its modelled machine, when paced).
 
-        Each call makes ``per_call`` steps there (read, compute, apply);
-        their numbers go into a ring buffer on the worker, read several steps
-        at a time.  On a paced cluster a call applies the previous step's
-        gradient and computes the next, and the thread waits out the rest of
-        the modelled step before the next call.
+        Each call makes ``per_call`` steps there: read the parameters, compute
+        the gradient, apply it on the ps.  Nothing waits for another worker
+        (SSP's bound aside).  The steps' numbers go into a ring buffer on the
+        worker, read several steps at a time (``unread``).
         """
-        import tensorflow as tf
-
-        pending: list[float | None] = []  # the modelled time of each step made since the last flush
-        held: float | None = None  # paced: the modelled time of the step whose gradient is in flight
-        last_flush = time.monotonic()
-        # Calls go out without waiting for their answer (TensorFlow queues them to the worker in
-        # order), except where the loop must know a step is done: a pace to keep, a bound to hold.
-        fetch = self.pace is not None or self.bound is not None
+        unread = Unread()
         while not self.control.stopping and not w.leaving:
-            if self.pausing.is_set():  # variables are moving: nothing in flight, every row read
-                self.flush(w, pending, final=True)
-                self.idle.add(w.task)
-                while self.pausing.is_set() and not self.control.stopping:
-                    self.control.stopped.wait(0.01)
-                self.idle.discard(w.task)
+            if not self.may_step(w, unread):  # variables moving, w lost, or (SSP) too far ahead
                 continue
-            if (w.lost or w.rebuild) and not self.policy.wait_rejoin(w):
-                pending.clear()
-                w.started = False
-                continue
-            if self.bound is not None and not self.within_bound(w):
-                if self.pace is not None and w.started:
-                    # ssp: this worker's step has ended; its gradient lands now, not after the wait
-                    self.finish_paced(w, pending, held)
-                    w.started = False
-                continue
-            fn = w.fn if (self.pace is None or w.started) else w.fn_first
             t0 = time.time()
             try:
-                with client.gate.call(self.training.who, [w.task], "an async step"), tf.device(w.task.device):
-                    out = fn()
-                    if fetch:
-                        out.numpy()
+                fn = self.step(w)  # the call: per_call steps on the worker
             except Exception as exc:  # noqa: BLE001 - sorted out by the failure policy
-                self.flush(w, pending)
+                self.flush(w, unread.pending)
                 self.policy.handle_error(w, exc)
                 w.started = False
                 continue
-            back = time.time()
-            if self.pace is not None:  # wait out the modelled step: its gradient lands at its end
-                if fn is not w.fn_first:  # this call applied the step the previous call computed
-                    pending.append(held)
-                held = self.pace.duration(w.task, w.local_step)
-                if self.control.stopped.wait(max(0.0, t0 + held - back)):
-                    break
-                w.started = True
-            else:
-                pending.extend([None] * self.per_call)
+            if self.pace is None:
+                unread.pending.extend([None] * self.per_call)
+                w.landed = w.local_step + self.per_call  # the call applied them (SSP waits for it)
+            elif not self.wait_out_pace(w, fn, unread, t0):
+                break  # stopped while the modelled machine still worked
             w.local_step += self.per_call
             w.errors = 0
-            if len(pending) >= FETCH_EVERY or time.monotonic() - last_flush > 0.1:
-                self.flush(w, pending)
-                last_flush = time.monotonic()
+            self.flush_now_and_then(w, unread)
+        self.finish(w, unread)
+
+    def may_step(self, w: Worker, unread: Unread) -> bool:
+        """Whether ``w`` may make its next call now; when not, it has waited a little (the caller loops)."""
+        if self.pausing.is_set():  # variables are moving: nothing in flight, every row read
+            self.flush(w, unread.pending, final=True)
+            self.idle.add(w.task)
+            while self.pausing.is_set() and not self.control.stopping:
+                self.control.stopped.wait(0.01)
+            self.idle.discard(w.task)
+            return False
+        if (w.lost or w.rebuild) and not self.policy.wait_rejoin(w):
+            unread.pending.clear()
+            w.started = False
+            return False
+        if self.bound is not None and not self.within_bound(w):
+            if self.pace is not None and w.started:
+                # ssp: this worker's step has ended; its gradient lands now, not after the wait
+                self.finish_paced(w, unread.pending, unread.held)
+                w.started = False
+            return False
+        return True
+
+    def step(self, w: Worker):
+        """One call to ``w``; returns the function it ran.  Calls go out without waiting for their
+        answer (TensorFlow queues them to the worker in order), except where the loop must know a
+        step is done: a pace to keep, a bound to hold.  On a paced cluster a call applies the
+        previous step's gradient and computes the next (the first call only computes)."""
+        import tensorflow as tf
+
+        fn = w.fn if (self.pace is None or w.started) else w.fn_first
+        with client.gate.call(self.training.who, [w.task], "an async step"), tf.device(w.task.device):
+            out = fn()
+            if self.pace is not None or self.bound is not None:
+                out.numpy()
+        return fn
+
+    def wait_out_pace(self, w: Worker, fn, unread: Unread, t0: float) -> bool:
+        """Paced: wait out the modelled step (its gradient lands at its end); False if stopped meanwhile."""
+        if fn is not w.fn_first:  # this call applied the step the previous call computed
+            unread.pending.append(unread.held)
+            w.landed = w.local_step
+        unread.held = self.pace.duration(w.task, w.local_step)
+        if self.control.stopped.wait(max(0.0, t0 + unread.held - time.time())):
+            return False
+        w.started = True
+        return True
+
+    def flush_now_and_then(self, w: Worker, unread: Unread) -> None:
+        """Read the ring every ``FETCH_EVERY`` steps or 0.1 s, whichever comes first."""
+        if len(unread.pending) >= FETCH_EVERY or time.monotonic() - unread.last_flush > 0.1:
+            self.flush(w, unread.pending)
+            unread.last_flush = time.monotonic()
+
+    def finish(self, w: Worker, unread: Unread) -> None:
+        """The thread's end: a paced gradient still held is applied, the last rows read."""
         if self.pace is not None and w.started and not self.control.reason and not w.dropping:
-            self.finish_paced(w, pending, held)  # a worker leaving without --drain drops its held gradient
+            self.finish_paced(w, unread.pending, unread.held)  # leaving without --drain drops it
         if not self.control.reason:  # ended by the cluster going away: nothing left to read
-            self.flush(w, pending, final=True)
+            self.flush(w, unread.pending, final=True)
 
     def warmed(self) -> None:
         """Warm-up ends when every running worker has made its first call (tracing, connections)."""
@@ -252,10 +273,15 @@ class AsyncLoop:
     def within_bound(self, w: Worker) -> bool:
         """SSP: whether ``w`` may start its next step (at most ``bound`` steps ahead of the slowest).
 
-        The clocks are the workers' completed steps; a lost worker does not
-        hold the others back.  Waits a little when not, so the caller loops.
+        A worker's clock is its steps whose updates are on the ps (``landed``),
+        as in the paper, where a worker's clock ticks once its updates are
+        committed: on a paced cluster a computed step's gradient lands only with
+        the worker's next call, and counting it earlier let updates be staler
+        than the bound (a staleness of 5 with bound 0 and 4 workers, where the
+        rule allows 3).  A lost worker does not hold the others back.  Waits a
+        little when not, so the caller loops.
         """
-        alive = [x.local_step for x in self.policy.workers.values() if not x.lost]
+        alive = [x.landed for x in self.policy.workers.values() if not x.lost]
         if not alive or w.local_step - min(alive) <= self.bound:
             return True
         with self.control.cond:
@@ -270,6 +296,7 @@ class AsyncLoop:
             with client.gate.call(self.training.who), tf.device(w.task.device):
                 w.fn_last().numpy()
             pending.append(held)
+            w.landed = w.local_step
         except Exception:  # noqa: BLE001 - a worker lost at the very end: its last step is lost with it
             clear_executor()
 

@@ -103,7 +103,7 @@ class FailurePolicy:
             return
         w = Worker(task, task.index, rebuild=True, joined=False)
         # SSP counts steps from the slowest worker: a newcomer starts level with it, not 500 behind
-        w.local_step = min((x.local_step for x in self.members() if not x.lost), default=0)
+        w.local_step = w.landed = min((x.landed for x in self.members() if not x.lost), default=0)
         self.run.workers_n = max(self.run.workers_n, task.index + 1)
         if task not in self.history.workers:
             self.history.workers.append(task)

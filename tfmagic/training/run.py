@@ -340,12 +340,16 @@ class TrainingRun:
                 target=evaluation.probe, args=(self,), name=f"tfmagic-probe-{self.name}", daemon=True
             )
             probe.start()
-            if self.kind == "fused":
-                FusedSyncLoop(self).run(self._start_step, self.steps)
-            elif self.kind == "sync":
-                SyncLoop(self).run(self._start_step, self.steps)
-            else:
-                AsyncLoop(self).run()
+            self.policy.begin_loop()  # from here a ps holding the run's variables leaves at a pause
+            try:
+                if self.kind == "fused":
+                    FusedSyncLoop(self).run(self._start_step, self.steps)
+                elif self.kind == "sync":
+                    SyncLoop(self).run(self._start_step, self.steps)
+                else:
+                    AsyncLoop(self).run()
+            finally:
+                self.policy.end_loop()  # nothing steps now: a ps still to leave is moved off
             self._check_pace()
             if self.control.fatal is not None:
                 raise self.control.fatal

@@ -100,6 +100,7 @@ class Worker:
     errors: int = 0
     last_step: int = -1
     local_step: int = 0
+    landed: int = 0  # async: of its steps, how many updates are on the ps (SSP's clock)
     thread: threading.Thread | None = None
     tensors: list = field(default_factory=list)
     ring: object = None

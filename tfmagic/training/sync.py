@@ -68,16 +68,10 @@ class SyncLoop:
 
     def run(self, first: int, last: int) -> None:
         """Updates ``first`` .. ``last - 1``: wait for enough gradients of each, average, apply."""
-        self.policy.begin_loop()  # from here a ps holding its variables cannot be removed (see cannot_move)
-        try:
-            self._run(first, last)
-        finally:
-            self.policy.end_loop()
-
-    def _run(self, first: int, last: int) -> None:
         self.first = first
         self.members = {w.task for w in self.policy.members()}
-        self.start_workers()
+        for w in self.policy.members():
+            self.start_worker(w)  # a thread per worker: `work`, below
         for t in range(first, last):
             self.reconcile(t)  # workers that joined or left since the last step
             self.announce(t)  # workers read the parameters of step t
@@ -115,10 +109,7 @@ class SyncLoop:
                 self.training.place(w)
                 w.joined, w.rebuild = True, False
                 joined = True
-                w.thread = threading.Thread(
-                    target=with_own_executor(self.work), args=(w,), name=f"tfmagic-sync-{w.task}", daemon=True
-                )
-                w.thread.start()
+                self.start_worker(w)
         if joined:
             self.apply = make_apply(self.params)  # averages over the new set of buffers
         with self.control.cond:
@@ -135,57 +126,76 @@ class SyncLoop:
             self.members = now
 
     # -- the workers' side ------------------------------------------------------
-    def start_workers(self) -> None:
-        for w in self.policy.members():
-            w.thread = threading.Thread(
-                target=with_own_executor(self.work), args=(w,), name=f"tfmagic-sync-{w.task}", daemon=True
-            )
-            w.thread.start()
+    def work(self, w: Worker) -> None:
+        """A worker's thread: for each new step, one call that computes its gradient there."""
+        while self.next_step(w):
+            step, announced = self.current, self.started
+            t0 = time.time()
+            try:
+                loss, read, *device = self.compute(w, step)  # read the parameters, gradient into its buffer
+            except Exception as exc:  # noqa: BLE001 - sorted out by the failure policy
+                self.policy.handle_error(w, exc)
+                continue
+            returned = time.time()
+            end, modelled = self.wait_out_pace(w, announced, returned)
+            if end is None:
+                return  # stopped while the modelled machine still worked
+            w.errors = 0
+            w.last_step = step
+            w.local_step += 1
+            self.results.put(Gradient(int(read), w, float(loss), t0, end, tuple(device), returned, modelled))
+
+    def start_worker(self, w: Worker) -> None:
+        def thread() -> None:
+            try:
+                self.work(w)
+            finally:
+                if w.leaving:
+                    self.policy.retire(w)  # its last call returned: the task may go
+
+        w.thread = threading.Thread(
+            target=with_own_executor(thread), name=f"tfmagic-sync-{w.task}", daemon=True
+        )
+        w.thread.start()
 
     def announce(self, t: int) -> None:
         with self.control.cond:
             self.current, self.started = t, time.time()
             self.control.cond.notify_all()
 
-    def work(self, w: Worker) -> None:
-        try:
-            self._work(w)
-        finally:
-            if w.leaving:
-                self.policy.retire(w)  # its last call returned: the task may go
-
-    def _work(self, w: Worker) -> None:
-        """A worker's thread: for each new step, one call that computes its gradient there."""
-        import tensorflow as tf
-
+    def next_step(self, w: Worker) -> bool:
+        """Wait until a step ``w`` has not computed is announced (and ``w`` can reach its task);
+        False when the run stops or ``w`` leaves."""
         while not self.control.stopping and not (w.dropping or w.retired):
             with self.control.cond:
                 while not self.control.stopping and self.current <= w.last_step and not w.dropping:
                     self.control.cond.wait(0.2)
             if self.control.stopping or w.dropping or w.retired:
-                return
+                return False
             if (w.lost or w.rebuild) and not self.policy.wait_rejoin(w):
                 continue
-            step, announced = self.current, self.started
-            t0 = time.time()
-            try:
-                with client.gate.call(self.training.who, [w.task], f"step {step}"), tf.device(w.task.device):
-                    loss, read, *device = w.fn().numpy()
-            except Exception as exc:  # noqa: BLE001 - sorted out by the failure policy
-                self.policy.handle_error(w, exc)
-                continue
-            returned = end = time.time()
-            modelled = None
-            if self.pace is not None:  # the modelled machine takes its time (this call counts in it)
-                modelled = self.pace.duration(w.task, w.local_step)
-                end = max(returned, announced + modelled - self.overhead)
-                if self.control.stopped.wait(end - returned):
-                    return
-                end = max(end, time.time())
-            w.errors = 0
-            w.last_step = step
-            w.local_step += 1
-            self.results.put(Gradient(int(read), w, float(loss), t0, end, tuple(device), returned, modelled))
+            return True
+        return False
+
+    def compute(self, w: Worker, step: int):
+        """One call to worker ``w``: its loss, the step it read and the on-device timestamps."""
+        import tensorflow as tf
+
+        with client.gate.call(self.training.who, [w.task], f"step {step}"), tf.device(w.task.device):
+            return w.fn().numpy()
+
+    def wait_out_pace(
+        self, w: Worker, announced: float, returned: float
+    ) -> tuple[float | None, float | None]:
+        """On a paced cluster the modelled machine takes its time (the call counts in it): when the
+        gradient counts as arrived, and the modelled step time; (None, _) if the run stopped meanwhile."""
+        if self.pace is None:
+            return returned, None
+        modelled = self.pace.duration(w.task, w.local_step)
+        end = max(returned, announced + modelled - self.overhead)
+        if self.control.stopped.wait(end - returned):
+            return None, modelled
+        return max(end, time.time()), modelled
 
     # -- the aggregator's side ---------------------------------------------------
     def collect(self, t: int) -> tuple[list[Gradient], tuple] | None:
@@ -360,13 +370,6 @@ class FusedSyncLoop:
 
     def run(self, first: int, last: int) -> None:
         """Updates ``first`` .. ``last - 1``: each one call that computes, averages and applies."""
-        self.policy.begin_loop()
-        try:
-            self._run(first, last)
-        finally:
-            self.policy.end_loop()  # a ps still to leave: nothing steps now, its variables move off it
-
-    def _run(self, first: int, last: int) -> None:
         import tensorflow as tf
 
         done = None  # the updates whose numbers are recorded while the next call runs
