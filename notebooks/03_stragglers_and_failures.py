@@ -277,6 +277,22 @@ lesson.expect(
 # 2. With the x4 straggler, train with bounded staleness, `%tf_train --mode ssp --staleness 2 --model digits
 #    --steps 300`: no worker may run more than two steps ahead of the slowest. Where do you expect its updates per
 #    second, between sync's and async's? Check it, and read the staleness histogram.
+#
+# <details><summary>Solutions (click to open)</summary>
+#
+# 1. Sync waits for the slowest gradient of every update, so its step takes eight paces: one run here measured
+#    7.92 times the unslowed step. Async still follows `(2 + 1/8) / 3 = 0.71`: the run measured 0.70 of its
+#    unslowed updates per second (workers 0 and 1 at 4.9 steps/s each, worker 2 at 0.63). The formula holds for
+#    any factor because async's workers never wait for each other: each adds its own rate.
+# 2. Between, but much nearer sync than its updates per second suggest. One run here: sync 1.24 updates/s,
+#    SSP 3.86, async 10.99. SSP applies every gradient on its own, so it makes three updates where sync makes one;
+#    but no worker may run more than two steps ahead of the straggler, so within a few steps all three step at the
+#    straggler's pace (1.32, 1.32 and 1.25 steps/s), and its gradients per second (3.86) are sync's (3.74), not
+#    async's (10.99). Its staleness stays small (at most 4 in that run, the rule allowing (2·2 + 1)·2 = 10), while
+#    async's reached 8. A bound buys fresh gradients at the straggler's price; the backup workers above are the
+#    other way out.
+#
+# </details>
 
 # %%
 # %tf_cluster stop

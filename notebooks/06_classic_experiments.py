@@ -239,5 +239,23 @@ lesson.summary()
 #    and what happens to its speed? Then try 5. Where would you set it, and what does the staleness
 #    histogram tell you about the price?
 #
+# <details><summary>Solutions (click to open)</summary>
+#
+# 1. A little under 8, and the experiment still holds. One run here (seed 1): 444 ms per sync update unslowed,
+#    3,040 ms with worker:2 eight times slower, a ratio of 6.8. The unslowed update already waits for the
+#    slowest of three jittery machines (11 % over the 400 ms pace), the slowed one for one machine whose step
+#    is eight paces. Async's verdict does not change: the two others kept at least 91 % of their pace and
+#    worker:2 12 %, so the total fell to 0.67 of its unslowed rate, near (2 + 1/8) / 3 = 0.71. How slow the
+#    straggler is changes only its own share, because nobody waits for it.
+# 2. With bound 0 no worker may start a step before every other has its previous update on the ps: SSP becomes
+#    lock-step, like sync but without sync's average, so it pays sync's waiting and gains nothing for it. One
+#    run here: 4.7 worker steps/s against sync's 5.3 and async's 9.3 (0.50 of async's speed: the experiment's
+#    speed checks fail, as they should), and its worst staleness was 3, exactly what the rule allows,
+#    (2 · 0 + 1) · 3. With bound 5: 7.4 steps/s (0.84 of async's) and a worst staleness of 22 (the rule allows
+#    33; async's worst was 37). A small bound (the experiment's 3) keeps most of async's speed and cuts the
+#    long tail the stalled worker gives async; the larger the bound, the more of that tail comes back.
+#
+# </details>
+#
 # (Each experiment is one module in `tfmagic/experiments/`; the package's docstring says how to add
 # your own, with one more line in its registry.)

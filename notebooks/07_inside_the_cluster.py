@@ -211,3 +211,27 @@ lesson.summary()
 #    helping? (Hint: what else does an update cost when the network is fast?)
 # 3. Run a `%%tf_px --targets worker:1` cell with a TF1 `MonitoredTrainingSession(is_chief=False)` and
 #    no chief. What does `%tf_cluster why` say? What does TensorFlow itself print, and after how long?
+#
+# <details><summary>Solutions (click to open)</summary>
+#
+# 1. The model has 64 × 4096 + 4096 + 4096 × 10 + 10 = 307,210 parameters, 1.2 MB in float32. The engine puts
+#    variables on the ps round-robin in the order the model makes them, so `hidden/kernel` (1 MB) and
+#    `output/kernel` land on ps:0 and the two biases on ps:1: `cluster.placement()` said ps:0 holds 99 % of
+#    the ps bytes and named `hidden/kernel` as the bottleneck. In one run of 60 async updates, ps:0 sent each
+#    worker about 37 MB and received as much (about 1.2 MB each way per step: a read of every parameter and a
+#    gradient of the same size), ps:1 about half a megabyte. A second ps helps only when the bytes are spread:
+#    split the big matrix, or order the variables so each ps gets its share.
+# 2. Four shards of the four equal blocks carry 1 MB each, in parallel: a quarter of one ps's communication
+#    time (0.16 s against 0.64 s per update at 50 Mbit/s), if each shard has its own card. Shards stop helping
+#    when the communication time falls below the rest of an update: the worker's compute, the calls' round
+#    trips, the apply, and the worker's own card, which carries every byte of every shard. With four blocks a
+#    fifth shard would hold nothing at all.
+# 3. The doctor names it once the cell has waited (here after 45 s): "a TF1 non-chief session waits for the
+#    chief to initialise the variables, and the chief is not running this program. Next: run the program on
+#    the chief too (is_chief=True, usually worker:0): --targets worker:*". TensorFlow's own log
+#    (`%tf_cluster logs worker:1 --all`) repeats `Waiting for model to be ready. Ready_for_local_init_op: ...,
+#    ready: ...` at every check (every 30 s in plain TensorFlow; tfmagic checks every 0.1 s, so the log fills
+#    fast), and the session gives up only after `max_wait_secs=7200`: two hours later, with
+#    `DeadlineExceededError: Session was not ready after waiting 7200 secs`.
+#
+# </details>
