@@ -68,6 +68,64 @@ def timed_matmul(tf, device: str, n: int = 4096, reps: int = 10) -> float:
     return (time.perf_counter() - t0) / reps
 
 
+#: source article 002's layout in a %%tf_px cell: variables on the ps (its CPU), the work on the worker's GPU
+SEED_002 = """
+import os
+import tensorflow.compat.v1 as tf1
+
+gpus = len(tf.config.list_physical_devices("GPU"))
+seen = {"cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "gpus": gpus}
+if job_name == "worker":
+    here = f"/job:worker/task:{task_index}" + ("/device:GPU:0" if gpus else "")
+    graph = tf1.Graph()
+    with graph.as_default():
+        with tf1.device(tf1.train.replica_device_setter(worker_device=here, cluster=cluster)):
+            w = tf1.get_variable(f"w{task_index}", [1024, 1024], initializer=tf1.zeros_initializer())
+            x = tf1.random.normal([1024, 1024], seed=task_index)
+            target = tf1.matmul(x, tf1.eye(1024) * 0.5)
+            loss = tf1.reduce_mean(tf1.square(tf1.matmul(x, w) - target))
+            train = tf1.train.GradientDescentOptimizer(0.5).minimize(loss)
+        with tf1.Session(server.target, graph=graph) as sess:
+            sess.run(tf1.global_variables_initializer())
+            losses = [float(sess.run([train, loss])[1]) for _ in range(30)]
+    seen.update(variable_on=w.device, product_on=target.device, loss=(losses[0], losses[-1]))
+seen
+"""
+
+
+def between_graph(cluster, pids: dict, n: int, figures: dict) -> None:
+    """The seed's between-graph program in every task (%%tf_px): ps on its CPU, workers on their GPU."""
+    from tfmagic.px import run_px
+
+    outcomes = run_px(cluster, SEED_002, targets="all").wait(300)
+    for task, out in sorted(outcomes.items()):
+        check(f"%%tf_px on {task} ran", out.status == "ok", "".join(out.traceback)[-300:])
+    seen = {task: out.result for task, out in outcomes.items()}
+    print("between-graph:", json.dumps(seen, default=str), flush=True)
+    figures["between_graph"] = seen
+    check("%%tf_px: ps:0 sees no GPU", seen["ps:0"]["gpus"] == 0)
+    for task in (t for t in seen if t.startswith("worker")):
+        s = seen[task]
+        check(f"%%tf_px: {task} sees {1 if n else 0} GPU", s["gpus"] == (1 if n else 0))
+        check(
+            f"%%tf_px: {task}'s variable is on the ps",
+            s["variable_on"].startswith("/job:ps/"),
+            s["variable_on"],
+        )
+        on_gpu = s["product_on"].endswith("GPU:0")
+        check(
+            f"%%tf_px: {task}'s work is on {'its GPU' if n else 'itself'}", on_gpu == bool(n), s["product_on"]
+        )
+        check(
+            f"%%tf_px: {task}'s loss fell",
+            s["loss"][1] < s["loss"][0],
+            f"{s['loss'][0]:.3f} -> {s['loss'][1]:.3f}",
+        )
+    if n:
+        held = gpu_memory_by_pid()
+        check("%%tf_px: the ps process still holds no GPU memory", pids["ps:0"] not in held)
+
+
 def one_round(tf, tfmagic, args, n, worker_gpus, figures: dict) -> None:
     from tfmagic.launchers import LocalLauncher
     from tfmagic.pool import default_pool
@@ -136,6 +194,7 @@ def one_round(tf, tfmagic, args, n, worker_gpus, figures: dict) -> None:
                         biggest < card / 2,
                         f"largest {biggest} MiB of {card} MiB",
                     )
+        between_graph(cluster, pids, n, figures)
         for mode in ("sync", "async"):
             t1 = time.perf_counter()
             history = tfmagic.train(cluster, mode, model="digits", steps=args.steps, name=f"gpu-{mode}")

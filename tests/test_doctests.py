@@ -9,7 +9,14 @@ import pytest
 
 pytestmark = pytest.mark.unit
 
-MODULES = ["tfmagic.logs", "tfmagic.logfilter", "tfmagic.magics.verbs", "tfmagic.gilshare"]
+MODULES = [
+    "tfmagic.logs",
+    "tfmagic.logfilter",
+    "tfmagic.magics.verbs",
+    "tfmagic.gilshare",
+    "tfmagic.pace",
+    "tfmagic.training.calibrate",
+]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -17,7 +17,29 @@ def test_a_stall_on_purpose_lengthens_that_step_of_that_task_in_every_run():
     for step in range(30):
         for task in ("worker:0", "worker:3"):
             a, b = plain.duration(task, step), stalled.duration(task, step)
-            assert b == pytest.approx(a * (12.0 if (task, step) == ("worker:3", 15) else 1.0))
+            assert b == pytest.approx(1.2 if (task, step) == ("worker:3", 15) else a), (
+                "the stall has no jitter"
+            )
     assert "worker:3's step 15 x12" in stalled.describe()
     with pytest.raises(BadPace, match="a stall is"):
         Pace.parse(0.1, stalls=(("worker:0", 3, 0.5),))
+
+
+def test_auto_is_a_pace_to_be_measured_and_pick_keeps_the_margins():
+    """pace="auto": no step time until measured; the pick asks for at most a third of the
+    measured capacity, at least 1.5 x a real step's own time, rounded up to 10 ms."""
+    from tfmagic.pace import Pace
+    from tfmagic.training.calibrate import CEILING, FLOOR, pick
+
+    auto = Pace.parse("auto")
+    assert auto.auto and not auto.calibrated
+    assert "measured on this machine" in auto.describe()
+    assert Pace.parse(" AUTO ").auto
+    assert not Pace.parse("40ms").auto and Pace.parse("40ms").calibrated
+    assert pick(3, 150.0, 0.01) == 0.06  # 3 / (150 / 3)
+    assert pick(3, 1500.0, 0.05) == 0.08  # the real step's own time rules: 1.5 x 50 ms, up to 10 ms
+    assert pick(1, 10_000.0, 0.0) == FLOOR
+    for workers, rate, own in ((2, 37.0, 0.013), (4, 90.0, 0.031), (8, 200.0, 0.002)):
+        p = pick(workers, rate, own)
+        assert workers / p <= rate / 3 + 1e-9 and p >= 1.5 * own and round(p * 100, 6) == int(round(p * 100))
+    assert FLOOR < CEILING

@@ -165,6 +165,34 @@ def test_ssp_never_lets_an_update_be_staler_than_its_rule_allows():
             assert sum(stale) > 0, "bounded, but not lock-step sync"
 
 
+def test_pace_auto_measures_the_machine_and_its_runs_keep_the_pace(monkeypatch):
+    """pace="auto": measured before the first paced run (an unpaced probe of every worker at once),
+    then sync and async at that pace keep it: no run says the machine could not. A machine that
+    could keep no pace up to the ceiling says so in one line, with what it measured."""
+    from tfmagic.errors import BadPace
+    from tfmagic.training import calibrate
+    from tfmagic.training.calibrate import CEILING, FLOOR
+
+    with tfmagic.LocalCluster(ps=1, workers=3, pace="auto", name="auto-pace") as cluster:
+        assert not cluster.pace.calibrated
+        with monkeypatch.context() as m:
+            m.setattr(calibrate, "CEILING", 0.001)  # this machine, judged against a 1 ms ceiling
+            with pytest.raises(BadPace) as info:
+                tfmagic.train(cluster, "sync", model="digits", steps=10)
+        assert "too busy to keep any pace for 3 workers" in str(info.value) and "updates/s" in str(info.value)
+        assert "\n" not in str(info.value) and not cluster.pace.calibrated
+        sync = tfmagic.train(cluster, "sync", model="digits", steps=40)
+        assert cluster.pace.calibrated and FLOOR <= cluster.pace.base <= CEILING
+        assert "updates/s here" in cluster.pace.measured and "(auto)" in cluster.pace.describe()
+        measured = cluster.pace.base
+        asyn = tfmagic.train(cluster, "async", model="digits", steps=120)
+        assert cluster.pace.base == measured, "measured once"
+        for h in (sync, asyn):
+            assert not [n for n in h.notes if "could not keep" in n], h.notes
+            steps = [r.duration for r in h.records if r.paced is not None and not r.warmup]
+            assert len(steps) > 20 and sorted(steps)[len(steps) // 2] >= 0.9 * measured, "paced, not free"
+
+
 def test_async_staleness_grows_for_a_slowed_worker(local_cluster):
     """Controlled case: while worker 1 runs at 1/16 speed, worker 0 applies
     several updates between each of worker 1's reads and applies.

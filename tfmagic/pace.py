@@ -63,9 +63,10 @@ class Pace:
     takes ``hiccup_factor`` times as long (a GC pause, a busy neighbour).
     Draws come from a generator seeded per task, so a run repeats.
     ``stalls`` are stalls on purpose, the same in every run: ``(task, step,
-    factor)`` makes that task's local step ``step`` of each run ``factor``
-    times as long (a long pause that an experiment needs in every mode it
-    compares, where a random hiccup would fall in one run and not another).
+    factor)`` makes that task's local step ``step`` of each run take
+    ``factor`` times the base step, without jitter (a long pause that an
+    experiment needs in every mode it compares, where a random hiccup would
+    fall in one run and not another).
     """
 
     base: float
@@ -78,11 +79,19 @@ class Pace:
     _rngs: dict[str, random.Random] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
+    #: "auto": the base is measured on this machine at the first paced run
+    #: (:func:`tfmagic.training.calibrate.calibrate`); ``measured`` then says how
+    auto: bool = False
+    measured: str = ""
+
     @classmethod
     def parse(cls, pace: str | float | Pace | None, **kwargs) -> Pace | None:
         if pace is None or isinstance(pace, Pace):
             return pace
-        p = cls(parse_seconds(pace), **kwargs)
+        if isinstance(pace, str) and pace.strip().lower() == "auto":
+            p = cls(0.0, auto=True, **kwargs)
+        else:
+            p = cls(parse_seconds(pace), **kwargs)
         if not (0 <= p.jitter < 2 and 0 <= p.hiccup <= 1 and p.hiccup_factor >= 1):
             raise BadPace("jitter is 0 to 2 (log spread), hiccup a chance 0 to 1, hiccup_factor at least 1")
         if any(factor < 1 or step < 0 for _task, step, factor in p.stalls):
@@ -110,11 +119,20 @@ class Pace:
                 d *= self.hiccup_factor
             for stalled, at, factor in self.stalls:
                 if stalled == str(task) and at == step:
-                    d *= factor
+                    # a stall on purpose is the same length in every run: no jitter on it (a jittered
+                    # stall of 12 x 400 ms ran past the end of some runs, and async never showed it)
+                    d = self.base * self.slowdown.get(str(task), 1.0) * factor
             return d
 
+    @property
+    def calibrated(self) -> bool:
+        """Whether the base step time is known (always, unless "auto" has not measured it yet)."""
+        return self.base > 0
+
     def describe(self) -> str:
-        parts = [f"{self.base * 1000:g} ms per step"]
+        if not self.calibrated:
+            return "paced: auto (the step time is measured on this machine before the first paced run)"
+        parts = [f"{self.base * 1000:g} ms per step" + (" (auto)" if self.auto else "")]
         if self.jitter:
             parts.append(f"jitter {self.jitter:g}")
         if self.hiccup:

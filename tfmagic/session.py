@@ -80,7 +80,15 @@ class Session:
                         from .pace import Pace
 
                         wanted = Pace.parse(request.pace)
-                        if (wanted and wanted.base) != (running.pace and running.pace.base):
+                        kept = running.pace
+                        same = (wanted is None and kept is None) or (
+                            wanted is not None
+                            and kept is not None
+                            and (
+                                (wanted.auto and kept.auto) or (not wanted.auto and wanted.base == kept.base)
+                            )
+                        )
+                        if not same:
                             running.pace = wanted  # a pace needs no process: the same tasks, a new model
                             outcome.notes.append(
                                 f"pace now {wanted.describe() if wanted else 'off (real speed)'}"

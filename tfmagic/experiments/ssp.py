@@ -1,8 +1,8 @@
 """Stale synchronous parallel: a small staleness bound keeps most of async's speed, and bounds the staleness.
 
 Four paced workers whose steps vary a lot (jitter 0.4: machines with busy
-neighbours), and one of them stalls once in every run (its 15th step takes 12
-times as long: a GC pause, a busy neighbour; the same step in each mode, so
+neighbours), and one of them stalls once in every run (its step 10 takes 12
+paces: a GC pause, a busy neighbour; the same step in each mode, so
 every mode meets it).  Sync waits for the slowest of four at every update;
 async never waits, so the stalled worker's gradient lands after about 3 x 12
 updates of the others; SSP with bound ``s`` lets a worker start a step only
@@ -43,7 +43,7 @@ CLAIM = Claim(
 WORKERS = 4
 BOUND = 3
 JITTER = 0.4
-STALL = ("worker:3", 15, 12.0)  # (task, its step, x factor): what gives async its long tail of staleness
+STALL = ("worker:3", 10, 12.0)  # (task, its step, x factor): what gives async its long tail of staleness
 STEPS = 120  # worker steps of each mode (sync: STEPS / WORKERS updates)
 
 

@@ -140,8 +140,9 @@ class ClusterMagics(Magics):
     @arg(
         "--pace",
         default=None,
-        help="model each worker as a machine whose training step takes this long (40ms): a cluster in "
-        "miniature that behaves like separate machines however many processes share the cores",
+        help="model each worker as a machine whose training step takes this long (40ms), or 'auto' (the "
+        "smallest this machine keeps, measured now): a cluster in miniature that behaves like separate "
+        "machines however many processes share the cores",
     )
     @arg(
         "--net",
@@ -171,6 +172,7 @@ class ClusterMagics(Magics):
             if sess.running() is not None and not args.replace:
                 cluster, outcome = sess.start(request)  # reuses, or raises ClusterRunning
                 print(render.started(cluster, outcome))
+                _measure_pace(cluster)
                 return None
         except ClusterRunning as exc:
             raise UsageError(_running_message(exc, shape)) from None
@@ -206,6 +208,7 @@ class ClusterMagics(Magics):
         if handle is not None:
             handle.update(view)
         print(render.started(cluster, outcome))
+        _measure_pace(cluster)
         said = render.security_once(cluster)
         if said:
             print(said)
@@ -518,3 +521,18 @@ class ClusterMagics(Magics):
 
 VERBS = Verbs("tf_cluster", ClusterMagics, default="status")
 ClusterMagics.tf_cluster.__doc__ = (ClusterMagics.tf_cluster.__doc__ or "") + "\n" + VERBS.usage()
+
+
+def _measure_pace(cluster) -> None:
+    """``--pace auto``: measure the machine now, so the student sees the pace before training."""
+    pace = cluster.pace
+    if pace is None or pace.calibrated:
+        return
+    from ..training.run import measure_pace
+
+    print("pace auto: measuring this machine (a short unpaced run, a few seconds) ...", flush=True)
+    try:
+        measure_pace(cluster)
+    except TfmagicError as exc:
+        raise UsageError(render.as_magic(str(exc))) from None
+    print(f"pace: {pace.measured}")

@@ -103,6 +103,18 @@ def _refuse_locked(cluster, starting) -> None:
             )
 
 
+def measure_pace(cluster) -> float:
+    """``pace="auto"``: measure this machine for ``cluster`` now (see :mod:`.calibrate`); the step time."""
+    from .calibrate import calibrate
+
+    def probe(steps: int):
+        return (
+            TrainingRun(cluster, "async", model="digits", steps=steps, name="pace-calibration").start().wait()
+        )
+
+    return calibrate(cluster, probe)
+
+
 class TrainingRun:
     """One training run on a cluster; :func:`tfmagic.train` makes and starts it.
 
@@ -213,6 +225,10 @@ class TrainingRun:
         return self
 
     def start(self) -> TrainingRun:
+        pace = self.cluster.pace
+        if pace is not None and not pace.calibrated:  # pace="auto": measured once, before the first run
+            refuse_if_training(self.cluster, self)
+            measure_pace(self.cluster)
         with _TRAINING_LOCK:  # refused and claimed at once, in the caller: two starts cannot both pass
             _refuse_locked(self.cluster, self)
             self._thread = threading.Thread(target=self._main, name=f"tfmagic-train-{self.name}", daemon=True)
