@@ -75,20 +75,41 @@ import tensorflow.compat.v1 as tf1
 
 gpus = len(tf.config.list_physical_devices("GPU"))
 seen = {"cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "gpus": gpus}
-if job_name == "worker":
-    here = f"/job:worker/task:{task_index}" + ("/device:GPU:0" if gpus else "")
+here = f"/job:worker/task:{task_index}" + ("/device:GPU:0" if gpus else "")
+
+
+def build(ps_device):
     graph = tf1.Graph()
     with graph.as_default():
-        with tf1.device(tf1.train.replica_device_setter(worker_device=here, cluster=cluster)):
+        setter = tf1.train.replica_device_setter(worker_device=here, ps_device=ps_device, cluster=cluster)
+        with tf1.device(setter):
             w = tf1.get_variable(f"w{task_index}", [1024, 1024], initializer=tf1.zeros_initializer())
             x = tf1.random.normal([1024, 1024], seed=task_index)
             target = tf1.matmul(x, tf1.eye(1024) * 0.5)
             loss = tf1.reduce_mean(tf1.square(tf1.matmul(x, w) - target))
             train = tf1.train.GradientDescentOptimizer(0.5).minimize(loss)
-        with tf1.Session(server.target, graph=graph) as sess:
-            sess.run(tf1.global_variables_initializer())
-            losses = [float(sess.run([train, loss])[1]) for _ in range(30)]
-    seen.update(variable_on=w.device, product_on=target.device, loss=(losses[0], losses[-1]))
+    return graph, w, target, loss, train
+
+
+def fit(ps_device, soft):
+    graph, w, target, loss, train = build(ps_device)
+    with tf1.Session(server.target, graph=graph, config=tf1.ConfigProto(allow_soft_placement=soft)) as sess:
+        sess.run(tf1.global_variables_initializer())
+        losses = [float(sess.run([train, loss])[1]) for _ in range(30)]
+    return dict(variable_on=w.device, product_on=target.device, loss=(losses[0], losses[-1]))
+
+
+if job_name == "worker":
+    try:  # replica_device_setter's default ps_device, as the seed writes it
+        seen.update(fit("/job:ps", False), soft_placement=False)
+    except Exception as exc:  # the placer's own words, then the two ways out
+        seen["strict_error"] = str(exc).split("Original stack trace")[0][-1500:]
+        try:
+            fit("/job:ps/cpu:0", False)
+            seen["ps_device_cpu_works"] = True
+        except Exception as exc2:
+            seen["ps_device_cpu_works"] = str(exc2)[:300]
+        seen.update(fit("/job:ps", True), soft_placement=True)
 seen
 """
 
@@ -99,13 +120,20 @@ def between_graph(cluster, pids: dict, n: int, figures: dict) -> None:
 
     outcomes = run_px(cluster, SEED_002, targets="all").wait(300)
     for task, out in sorted(outcomes.items()):
-        check(f"%%tf_px on {task} ran", out.status == "ok", "".join(out.traceback)[-300:])
-    seen = {task: out.result for task, out in outcomes.items()}
+        why = "" if out.status == "ok" else f"{out.ename}: {(out.evalue or '')[:300]}"
+        if not check(f"%%tf_px on {task} ran", out.status == "ok", why):
+            print("".join(out.traceback)[-3000:], flush=True)
+    seen = {task: out.result for task, out in outcomes.items() if out.status == "ok"}
+    if len(seen) < len(outcomes):
+        return
     print("between-graph:", json.dumps(seen, default=str), flush=True)
     figures["between_graph"] = seen
     check("%%tf_px: ps:0 sees no GPU", seen["ps:0"]["gpus"] == 0)
     for task in (t for t in seen if t.startswith("worker")):
         s = seen[task]
+        if s.get("strict_error"):
+            print(f"{task}: without soft placement:\n{s['strict_error']}", flush=True)
+        check(f"%%tf_px: {task} ran without soft placement", not s.get("soft_placement"))
         check(f"%%tf_px: {task} sees {1 if n else 0} GPU", s["gpus"] == (1 if n else 0))
         check(
             f"%%tf_px: {task}'s variable is on the ps",

@@ -190,9 +190,10 @@ lesson.say(
 
 # %% [markdown]
 # Waiting for the slowest of four costs sync a lot when steps vary; a bound of 3 steps absorbs most of
-# that variation, so SSP keeps most of async's speed. Its rule also bounds staleness: a worker at step t
-# started when every other had finished at least t - 3 steps, and none can finish more than t + 4 before
-# its update lands, so at most 7 updates of each of the 3 others come in between: (2s + 1)(N - 1) = 21.
+# that variation, so SSP keeps most of async's speed. Its rule also bounds staleness: a worker's clock is
+# its steps whose updates are on the ps; a worker at step t started when every other had at least t - 3
+# updates there, and none can have more than t + 4 before its update lands, so at most 7 updates of each of
+# the 3 others come in between: (2s + 1)(N - 1) = 21.
 # Async promises no bound: the stalled step lets the others run on, and that update lands very stale
 # (compare the histograms' right ends). What the experiment does not measure is the paper's other half,
 # progress per update.
@@ -249,10 +250,10 @@ lesson.summary()
 #    straggler is changes only its own share, because nobody waits for it.
 # 2. With bound 0 no worker may start a step before every other has its previous update on the ps: SSP becomes
 #    lock-step, like sync but without sync's average, so it pays sync's waiting and gains nothing for it. One
-#    run here: 4.7 worker steps/s against sync's 5.3 and async's 9.3 (0.50 of async's speed: the experiment's
+#    run here: 4.9 worker steps/s against sync's 5.4 and async's 9.3 (0.53 of async's speed: the experiment's
 #    speed checks fail, as they should), and its worst staleness was 3, exactly what the rule allows,
-#    (2 · 0 + 1) · 3. With bound 5: 7.4 steps/s (0.84 of async's) and a worst staleness of 22 (the rule allows
-#    33; async's worst was 37). A small bound (the experiment's 3) keeps most of async's speed and cuts the
+#    (2 · 0 + 1) · 3. With bound 5: 7.4 steps/s (0.79 of async's) and a worst staleness of 18 (the rule allows
+#    33; async's worst was 38). A small bound (the experiment's 3) keeps most of async's speed and cuts the
 #    long tail the stalled worker gives async; the larger the bound, the more of that tail comes back.
 #
 # </details>

@@ -427,6 +427,13 @@ def test_translate_tensorflows_classic_messages():
     assert "chief" in doctor.translate(
         "Waiting for model to be ready.  Ready_for_local_init_op:  None, ready: x"
     )
+    # measured on a GPU machine (docs/gpus.md): the seeds' replica_device_setter with a GPU worker_device
+    gpu = doctor.translate(
+        "InvalidArgumentError: Cannot assign a device for operation w0/Initializer/zeros: ... because the "
+        "node {{colocation_node w0/Initializer/zeros}} was colocated with a group of nodes that required "
+        "incompatible device '/job:ps/task:0/device:GPU:0'. All available devices [...]"
+    )
+    assert "ps:0" in gpu and "ps_device='/job:ps/cpu:0'" in gpu and "allow_soft_placement=True" in gpu
     assert doctor.translate("all good") == ""
 
 

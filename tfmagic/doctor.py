@@ -59,6 +59,15 @@ _TF_MESSAGES = [
         ),
     ),
     (
+        re.compile(r"required incompatible device '/job:(\w+)/task:(\d+)/device:GPU:\d+'"),
+        lambda m: (
+            f"ops of a variable on {m.group(1)}:{m.group(2)} were put on a GPU it does not have (tfmagic "
+            f"gives ps tasks CUDA_VISIBLE_DEVICES=''): replica_device_setter copies worker_device's GPU into "
+            f"the ps device; pass ps_device='/job:{m.group(1)}/cpu:0', or allow_soft_placement=True "
+            "in the session's ConfigProto"
+        ),
+    ),
+    (
         re.compile(r"Waiting for model to be ready"),
         lambda m: (
             "a non-chief session waits for the chief to initialise the variables (is the chief running?)"
