@@ -179,8 +179,20 @@ class Kernel:
         if code_now is not None:
             raise RuntimeError(
                 f"the kernel died (exit code {code_now}) while running {code[:200]!r}; "
-                f"its stderr ends:\n{self.stderr_tail()}"
+                f"{self.fatal_lines()}its stderr ends:\n{self.stderr_tail()}"
             )
+
+    def fatal_lines(self) -> str:
+        """The lines of the kernel's stderr that say why a process aborted (TensorFlow's F-lines and
+        CHECK failures, C++ terminate, Python's fatal error header): the tail alone is the Python
+        stack that faulthandler prints after them, which names no cause."""
+        try:
+            text = self.stderr_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        marks = ("F0000", "Check failed", "terminate called", "Fatal Python error", "Mutex", "poisoned")
+        found = [ln for ln in text.splitlines() if any(m in ln for m in marks)]
+        return ("why it aborted:\n" + "\n".join(found[-12:]) + "\n") if found else ""
 
     def shutdown(self) -> None:
         try:

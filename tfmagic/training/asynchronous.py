@@ -24,7 +24,7 @@ from .. import client
 from ..errors import TrainingError
 from ..metrics import GlobalStep, StepRecord
 from .params import clear_executor
-from .steps import RING, SKIPPED, Worker, with_own_executor
+from .steps import RING, SKIPPED, Worker, start_worker_thread
 
 #: how many steps' numbers are fetched from a worker in one round trip
 FETCH_EVERY = 8
@@ -130,17 +130,7 @@ class AsyncLoop:
                 self.start_worker(w)
 
     def start_worker(self, w: Worker) -> None:
-        def thread() -> None:
-            try:
-                self.work(w)
-            finally:
-                if w.leaving:
-                    self.policy.retire(w)  # its last call returned and its rows are read: the task may go
-
-        w.thread = threading.Thread(
-            target=with_own_executor(thread, for_async=True), name=f"tfmagic-async-{w.task}", daemon=True
-        )
-        w.thread.start()
+        start_worker_thread(w, self.work, self.policy, "async")
 
     def pause_and_respread(self, timeout: float = 10.0) -> None:
         """Pause every stepping worker (its call in flight returns, its rows are read), move the

@@ -87,6 +87,25 @@ def with_own_executor(fn, for_async: bool = False):
     return run
 
 
+def start_worker_thread(w, work, policy, kind: str) -> None:
+    """``work(w)`` on a thread of its own (with its own executor); a worker leaving the cluster is
+    retired once its last call has returned (and, async, its rows are read): its task may go then."""
+
+    def thread() -> None:
+        try:
+            work(w)
+        finally:
+            if w.leaving:
+                policy.retire(w)
+
+    w.thread = threading.Thread(
+        target=with_own_executor(thread, for_async=kind == "async"),
+        name=f"tfmagic-{kind}-{w.task}",
+        daemon=True,
+    )
+    w.thread.start()
+
+
 @dataclass
 class Worker:
     """What the engine keeps per worker task."""

@@ -22,7 +22,6 @@ Each loop's ``run`` is the algorithm; the rest is bookkeeping.
 from __future__ import annotations
 
 import queue
-import threading
 import time
 from dataclasses import dataclass
 
@@ -32,7 +31,7 @@ from .. import client, waits
 from ..errors import TrainingError
 from ..metrics import GlobalStep, StepRecord
 from .params import clear_executor
-from .steps import Worker, fused_update, make_apply, with_own_executor
+from .steps import Worker, fused_update, make_apply, start_worker_thread
 
 
 @dataclass
@@ -146,17 +145,7 @@ class SyncLoop:
             self.results.put(Gradient(int(read), w, float(loss), t0, end, tuple(device), returned, modelled))
 
     def start_worker(self, w: Worker) -> None:
-        def thread() -> None:
-            try:
-                self.work(w)
-            finally:
-                if w.leaving:
-                    self.policy.retire(w)  # its last call returned: the task may go
-
-        w.thread = threading.Thread(
-            target=with_own_executor(thread), name=f"tfmagic-sync-{w.task}", daemon=True
-        )
-        w.thread.start()
+        start_worker_thread(w, self.work, self.policy, "sync")
 
     def announce(self, t: int) -> None:
         with self.control.cond:
