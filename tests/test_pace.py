@@ -43,3 +43,14 @@ def test_auto_is_a_pace_to_be_measured_and_pick_keeps_the_margins():
         p = pick(workers, rate, own)
         assert workers / p <= rate / 3 + 1e-9 and p >= 1.5 * own and round(p * 100, 6) == int(round(p * 100))
     assert FLOOR < CEILING
+
+
+def test_a_start_asking_the_same_pace_keeps_the_running_one():
+    """Session reuse compares what was asked: "auto" matches a measured "auto", not its figure."""
+    from tfmagic.pace import Pace
+
+    measured = Pace.parse("auto")
+    measured.base = 0.06
+    assert Pace.parse("auto").asked == measured.asked == "auto"
+    assert Pace.parse("60ms").asked != measured.asked
+    assert Pace.parse("60ms").asked == Pace.parse(0.06).asked

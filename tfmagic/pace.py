@@ -112,7 +112,7 @@ class Pace:
             rng = self._rngs.get(str(task))
             if rng is None:
                 rng = self._rngs[str(task)] = random.Random(f"{self.seed}-{task}")
-            d = self.base * self.slowdown.get(str(task), 1.0)
+            d = plain = self.base * self.slowdown.get(str(task), 1.0)
             if self.jitter:
                 d *= math.exp(rng.gauss(-(self.jitter**2) / 2, self.jitter))  # mean 1
             if self.hiccup and rng.random() < self.hiccup:
@@ -121,8 +121,13 @@ class Pace:
                 if stalled == str(task) and at == step:
                     # a stall on purpose is the same length in every run: no jitter on it (a jittered
                     # stall of 12 x 400 ms ran past the end of some runs, and async never showed it)
-                    d = self.base * self.slowdown.get(str(task), 1.0) * factor
+                    d = plain * factor
             return d
+
+    @property
+    def asked(self) -> str | float:
+        """What was asked for: "auto", or the base step time (so "auto" matches "auto" once measured)."""
+        return "auto" if self.auto else self.base
 
     @property
     def calibrated(self) -> bool:

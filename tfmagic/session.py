@@ -80,15 +80,7 @@ class Session:
                         from .pace import Pace
 
                         wanted = Pace.parse(request.pace)
-                        kept = running.pace
-                        same = (wanted is None and kept is None) or (
-                            wanted is not None
-                            and kept is not None
-                            and (
-                                (wanted.auto and kept.auto) or (not wanted.auto and wanted.base == kept.base)
-                            )
-                        )
-                        if not same:
+                        if (wanted and wanted.asked) != (running.pace and running.pace.asked):
                             running.pace = wanted  # a pace needs no process: the same tasks, a new model
                             outcome.notes.append(
                                 f"pace now {wanted.describe() if wanted else 'off (real speed)'}"
