@@ -1,4 +1,5 @@
-"""TensorBoard's port, taken first by someone else: show() says so instead of embedding their page."""
+"""TensorBoard's port: the operating system picks it as TensorBoard binds (nobody can take it first), and
+show() embeds only what TensorBoard's own process serves."""
 
 from __future__ import annotations
 
@@ -26,18 +27,18 @@ class _Impostor(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_a_port_taken_by_another_process_is_refused_and_tensorboard_ended(tmp_path, monkeypatch):
-    """Another process binds the chosen port before TensorBoard can (seconds of import later) and answers
-    200 on /data/environment, as TensorBoard would; the page must not embed it."""
+def test_a_port_held_by_another_process_is_refused_and_tensorboard_ended(tmp_path, monkeypatch):
+    """Should the port found ever be another process's (which answers 200 on /data/environment, as
+    TensorBoard would), the page must not embed it."""
     impostor = http.server.HTTPServer(("127.0.0.1", 0), _Impostor)
     port = impostor.server_address[1]
     threading.Thread(target=impostor.serve_forever, daemon=True).start()
-    monkeypatch.setattr(tensorboard, "free_port", lambda: port)
+    monkeypatch.setattr(tensorboard, "_own_port", lambda pid: port)
     (tmp_path / "tb").mkdir()
     try:
         board = tensorboard.show(tmp_path / "tb", timeout=60)
         assert board.error.startswith(
-            f"port {port} was taken by process {os.getpid()}, not by the TensorBoard"
+            f"port {port} is held by process {os.getpid()}, not by the TensorBoard"
         ), board.error
         assert "\n" not in board.error and "iframe" not in board._repr_html_()
         assert (
@@ -52,10 +53,13 @@ def test_a_port_taken_by_another_process_is_refused_and_tensorboard_ended(tmp_pa
 
 
 def test_tensorboards_own_listener_is_recognised(tmp_path):
+    """The port is not named on TensorBoard's command line (a port chosen before the bind could be taken
+    in between: it was, once, by the CI's own tasks); the one shown is the one its process holds."""
     (tmp_path / "tb").mkdir()
     board = tensorboard.show(tmp_path / "tb", timeout=90)
     try:
         assert not board.error, board.error
+        assert "--port=0" in psutil.Process(board.pid).cmdline()
         assert tensorboard._listener_pid(board.port) in tensorboard._tree(board.pid)
     finally:
         board.kill()

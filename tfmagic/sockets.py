@@ -58,6 +58,17 @@ def listening_inodes(port: int) -> set[int]:
     }
 
 
+def listening_ports(pids: set[int]) -> set[int]:
+    """The TCP ports on which sockets held by ``pids`` listen (how a server that was given port 0
+    is found: the port is known only once the process holding it has bound it)."""
+    held = socket_inodes(pids)
+    return {
+        int(fields[1].rsplit(":", 1)[1], 16)
+        for fields, _family in _rows()
+        if fields[3] == _LISTEN and int(fields[9]) in held
+    }
+
+
 def holder(inodes: set[int]) -> int | None:
     """The pid of a process holding one of ``inodes`` (None: none whose descriptors we can read,
     for example another user's)."""

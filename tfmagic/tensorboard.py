@@ -30,11 +30,16 @@ kernel (it dies with its parent, and the kernel's exit handlers end it too).
 
 What stays open: TensorBoard itself has no login, so any process of any
 user on this machine can read its data at ``127.0.0.1:<port>`` (the
-README's Security section says so).  And since its port is chosen before it
-binds (seconds of import later), another local user could bind it first
-and answer in its place: :func:`show` therefore checks that the socket
-listening on the port belongs to the TensorBoard it started before it
-calls it up, and says so in one line otherwise.
+README's Security section says so).  Its port is not chosen in advance: it
+is given ``--port=0`` and the operating system picks one as it binds, and
+tfmagic reads the port from the listening socket TensorBoard's own process
+holds.  A port picked first and bound seconds of import later could be
+taken in between by another local user (watching ``/proc/*/cmdline``), who
+would then answer in TensorBoard's place, and that same race with
+tfmagic's own tasks failed the CI once ("could not bind ... already in
+use").  :func:`show` still checks that the socket answering belongs to the
+TensorBoard it started before it calls it up, and says so in one line
+otherwise.
 
 TensorFlow and TensorBoard are imported lazily, when a writer first writes or
 a TensorBoard starts.
@@ -54,8 +59,7 @@ from pathlib import Path
 
 from . import owner
 from .metrics import Evaluation, GlobalStep, History, StepRecord
-from .net import free_port
-from .sockets import holder, listening_inodes
+from .sockets import holder, listening_inodes, listening_ports
 
 __all__ = ["TensorBoard", "Writer", "show", "write"]
 
@@ -207,6 +211,13 @@ def _listener_pid(port: int) -> int | None:
     return holder(listening_inodes(port))
 
 
+def _own_port(pid: int) -> int | None:
+    """The port TensorBoard's HTTP server (``pid`` itself: its data server below it listens on
+    another, for gRPC) listens on, once it has bound one."""
+    ports = listening_ports({pid})
+    return min(ports) if ports else None
+
+
 def _tree(pid: int) -> set[int]:
     """``pid`` and every process below it."""
     from .proctree import descendants
@@ -253,8 +264,7 @@ class TensorBoard:
     stop = kill
 
     def _start(self, timeout: float) -> None:
-        self.port = free_port()
-        self.log_path = owner.runtime_dir() / f"tensorboard-{self.port}.log"
+        self.log_path = owner.runtime_dir() / f"tensorboard-{time.time_ns()}.log"
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 [
@@ -263,7 +273,7 @@ class TensorBoard:
                     _PROGRAM,
                     f"--logdir={self.logdir}",
                     "--host=127.0.0.1",
-                    f"--port={self.port}",
+                    "--port=0",
                     "--reload_interval=2",
                 ],
                 stdin=subprocess.DEVNULL,
@@ -282,6 +292,11 @@ class TensorBoard:
                 )
                 owner.forget(self)
                 return
+            if self.port is None:
+                self.port = _own_port(self.proc.pid)
+                if self.port is None:
+                    time.sleep(0.2)
+                    continue
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/data/environment", timeout=2):
                     pass
@@ -294,9 +309,9 @@ class TensorBoard:
             self.kill()
             who = f"process {owner_pid}" if owner_pid is not None else "a process this user cannot see"
             self.error = (
-                f"port {self.port} was taken by {who}, not by the TensorBoard tfmagic started, before "
-                "TensorBoard could bind it: not shown (what answers there is not TensorBoard). "
-                "Run tfmagic.tensorboard.show again for a new port, and see who else uses this machine"
+                f"port {self.port} is held by {who}, not by the TensorBoard tfmagic started: not shown "
+                "(what answers there is not TensorBoard). "
+                "Run tfmagic.tensorboard.show again, and see who else uses this machine"
             )
             return
         self.kill()
