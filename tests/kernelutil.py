@@ -16,6 +16,43 @@ from jupyter_client.manager import KernelManager
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
+def why_it_died(stderr: str) -> str:
+    """The lines of a dead process's stderr that say why it aborted: TensorFlow's F-lines and CHECK
+    failures, C++ terminate, Python's fatal error header, and the frames of tfmagic and TensorFlow in the
+    stacks faulthandler prints. The tail alone is IPython's part of the stack, which names no cause.
+
+    A kernel's own cause is often lost: ipykernel reads fd 2 through a pipe, and an abort ends the
+    process before that pipe is read; faulthandler writes to the original stderr and survives."""
+    marks = ("F0000", "Check failed", "terminate called", "Fatal Python error", "Mutex", "poisoned")
+    frames = ("Thread 0x", "/tfmagic/", "/tensorflow/")
+    found, current = [], False
+    for line in stderr.splitlines():
+        if line.startswith(("Thread 0x", "Current thread")):
+            current = line.startswith("Current thread")
+        elif not line.startswith("  "):
+            current = False
+        if current or any(m in line for m in marks + frames):
+            found.append(line)
+    return ("why it aborted:\n" + "\n".join(found[-60:]) + "\n") if found else ""
+
+
+def kernel_log_of(pid: int | None) -> str:
+    """The tfmagic kernel log a dead kernel left (its runtime directory outlives an abort): where
+    its fatal Python stacks and the native lines read before it died are."""
+    import glob
+    import tempfile as _tempfile
+
+    if pid is None:
+        return ""
+    for owner in glob.glob(os.path.join(_tempfile.gettempdir(), "tfmagic-*", ".owner")):
+        try:
+            if Path(owner).read_text().split()[0] == str(pid):
+                return (Path(owner).parent / "kernel-native.log").read_text(errors="replace")
+        except (OSError, IndexError):
+            continue
+    return ""
+
+
 @dataclass
 class Reply:
     status: str
@@ -183,16 +220,13 @@ class Kernel:
             )
 
     def fatal_lines(self) -> str:
-        """The lines of the kernel's stderr that say why a process aborted (TensorFlow's F-lines and
-        CHECK failures, C++ terminate, Python's fatal error header): the tail alone is the Python
-        stack that faulthandler prints after them, which names no cause."""
+        """Why the kernel aborted, from its stderr and its tfmagic log (see :func:`why_it_died`)."""
+        process = getattr(self.km.provisioner, "process", None)
         try:
             text = self.stderr_path.read_text(errors="replace")
         except OSError:
-            return ""
-        marks = ("F0000", "Check failed", "terminate called", "Fatal Python error", "Mutex", "poisoned")
-        found = [ln for ln in text.splitlines() if any(m in ln for m in marks)]
-        return ("why it aborted:\n" + "\n".join(found[-12:]) + "\n") if found else ""
+            text = ""
+        return why_it_died(text + "\n" + kernel_log_of(getattr(process, "pid", None)))
 
     def shutdown(self) -> None:
         try:

@@ -397,22 +397,44 @@ def test_a_scripts_last_traceback_still_gets_out(tmp_path):
 
 @pytest.mark.cluster
 @pytest.mark.usefixtures("no_child_left")
-def test_a_native_crash_leaves_its_python_stacks_on_the_real_stderr(tmp_path):
-    # A kernel that dies inside TensorFlow (SIGSEGV) says nothing unless faulthandler's trace gets
-    # out; with fd 2 a pipe read by a thread of the dying process, it would be lost with it.
+def test_a_native_crash_leaves_its_python_stacks_in_the_log(tmp_path):
+    # A kernel that dies inside TensorFlow (SIGSEGV, abort) says nothing unless faulthandler's trace
+    # gets out; with fd 2 a pipe read by a thread of the dying process, it would be lost with it, and
+    # in a kernel what fd 2 was is ipykernel's pipe, lost the same way. Faulthandler need not be on.
     code = f"""
         import ctypes, faulthandler
         from tfmagic import logfilter
-        faulthandler.enable()
         logfilter.install({str(tmp_path / "native.log")!r})
+        assert faulthandler.is_enabled()
         def crash_here_on_purpose():
             ctypes.string_at(0)
         crash_here_on_purpose()
     """
     rc, _, err = run_child(code, timeout=60)
     assert rc == -signal.SIGSEGV, (rc, err[-2000:])
-    assert b"Fatal Python error: Segmentation fault" in err, err[-2000:]
-    assert b"crash_here_on_purpose" in err, err[-2000:]
+    log = (tmp_path / "native.log").read_bytes()
+    assert b"Fatal Python error: Segmentation fault" in log, log[-2000:]
+    assert b"crash_here_on_purpose" in log, log[-2000:]
+
+
+@pytest.mark.cluster
+@pytest.mark.usefixtures("no_child_left")
+@pytest.mark.parametrize("enabled_before", [False, True])
+def test_uninstall_gives_fatal_stacks_back(tmp_path, enabled_before):
+    """Once the filter is gone its log file closes: faulthandler goes back to what it was before."""
+    code = f"""
+        import faulthandler
+        from tfmagic import logfilter
+        if {enabled_before}:
+            faulthandler.enable()
+        logfilter.install({str(tmp_path / "native.log")!r})
+        assert faulthandler.is_enabled()
+        logfilter.uninstall()
+        assert faulthandler.is_enabled() == {enabled_before}
+        print("ok")
+    """
+    rc, out, err = run_child(code, timeout=60)
+    assert rc == 0 and "ok" in out, (rc, err[-2000:])
 
 
 TF_PORT_CLASH = """

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 from pathlib import Path
 
 import nbformat
 import pytest
 from nbclient import NotebookClient
+from nbclient.exceptions import DeadKernelError
 
 from .conftest import assert_gone, task_processes
+from .kernelutil import kernel_log_of, why_it_died
 
 pytestmark = [pytest.mark.notebook, pytest.mark.cluster]
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,12 +44,26 @@ def execute(name: str) -> nbformat.NotebookNode:
         store_widget_state=True,
     )
     watch = MemoryWatch(every=0.5, pid=lambda: kernel_pid(client))
+    pids: list = []  # the kernel's, kept for after its death (the client forgets it)
+    client.on_notebook_start = lambda notebook: pids.append(kernel_pid(client))
+    # The kernel's own stderr (how it died, when it does) to a file that a failure quotes.
+    stderr = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed below, kept when a kernel died
+        prefix="tfmagic-notebook-kernel-", suffix=".stderr", delete=False
+    )
     try:
         with watch:
-            client.execute(env=env)
+            client.execute(env=env, stderr=stderr)
+    except DeadKernelError as exc:
+        stderr.flush()
+        text = Path(stderr.name).read_text(errors="replace") + "\n" + kernel_log_of(pids[0] if pids else None)
+        raise AssertionError(
+            f"{name}: the kernel died; {why_it_died(text)}its stderr: {stderr.name}"
+        ) from exc
     finally:
+        stderr.close()
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, ARTIFACTS / name)
+    Path(stderr.name).unlink()
     assert_gone(set(task_processes()) - before)
     record = ARTIFACTS / "memory.json"
     peaks = json.loads(record.read_text()) if record.exists() else {}

@@ -150,6 +150,7 @@ class NativeLogFilter:
         self._show = bool(show)
         self._log_path = Path(log_path)
         self._log = None
+        self._faulthandler_was = False
         self._log_lock = threading.Lock()
         self.filtered_lines = 0
         self.forwarded_bytes = 0
@@ -219,7 +220,8 @@ class NativeLogFilter:
         _flush_sys_stderr()
         os.dup2(write_fd, 2)
         os.close(write_fd)  # fd 2 is now the only write end we hold
-        _point_faulthandler(self._downstream)
+        self._faulthandler_was = faulthandler.is_enabled()
+        self._point_faulthandler()
         self._thread = threading.Thread(target=self._run, name="tfmagic-native-log-filter", daemon=True)
         self._thread.start()
 
@@ -253,8 +255,20 @@ class NativeLogFilter:
         new = open(path, "ab")  # noqa: SIM115 - kept open for the filter's lifetime
         with self._log_lock:
             old, self._log, self._log_path = self._log, new, path
+            if self._read_fd >= 0:
+                self._point_faulthandler()
         if old is not None:
             old.close()
+
+    def _point_faulthandler(self) -> None:
+        """A process that dies of a fatal signal (TensorFlow's ``abort()`` after a failed check, a
+        segfault) writes its Python stacks into the log file, from the dying thread itself.
+
+        Into fd 2 they would land in the pipe whose reader dies with the process, and in a kernel
+        what fd 2 was before is ipykernel's own pipe, lost the same way: measured, a kernel that
+        aborted inside TensorFlow left no line anywhere. The file survives it (``%tf_cluster logs
+        kernel``, and the tests quote it when a kernel dies)."""
+        faulthandler.enable(file=self._log.fileno(), all_threads=True)
 
     def _owns_fd2(self) -> bool:
         try:
@@ -266,7 +280,14 @@ class NativeLogFilter:
     def _restore_fd2(self) -> None:
         if self._downstream >= 0 and self._owns_fd2():
             os.dup2(self._downstream, 2)
-            _point_faulthandler(2)
+        self._release_faulthandler()
+
+    def _release_faulthandler(self) -> None:
+        """Fatal stacks go where they went before the filter (the log file is about to close)."""
+        if self._faulthandler_was:
+            faulthandler.enable(file=2, all_threads=True)
+        else:
+            faulthandler.disable()
 
     # -- the reader thread ---------------------------------------------------
 
@@ -395,14 +416,6 @@ def _write_all(fd: int, data: bytes | bytearray) -> bool:
             return False
         view = view[written:]
     return True
-
-
-def _point_faulthandler(fd: int) -> None:
-    """A fatal signal's Python traceback (``PYTHONFAULTHANDLER``, ``-X faulthandler``) is written
-    by the dying process itself; into fd 2 it would land in the pipe whose reader dies with it, so
-    while the filter holds fd 2 the handler writes to what fd 2 was."""
-    if faulthandler.is_enabled():
-        faulthandler.enable(file=fd, all_threads=True)
 
 
 def _flush_sys_stderr() -> None:
