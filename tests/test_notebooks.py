@@ -13,7 +13,7 @@ from nbclient import NotebookClient
 from nbclient.exceptions import DeadKernelError
 
 from .conftest import assert_gone, task_processes
-from .kernelutil import kernel_log_of, why_it_died
+from .kernelutil import KernelAborted, aborted, kernel_log_of, record_abort, why_it_died
 
 pytestmark = [pytest.mark.notebook, pytest.mark.cluster]
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,13 +27,35 @@ PEAK_LIMIT = 1.8e9
 def execute(name: str) -> nbformat.NotebookNode:
     """Run a notebook in a real kernel; its peak memory (PSS of the kernel and every process below
     it, sampled twice a second) is checked against :data:`PEAK_LIMIT` and kept in
-    ``test-artifacts/notebooks/memory.json`` (the README's table comes from ``bench/notebook_memory.py``)."""
+    ``test-artifacts/notebooks/memory.json`` (the README's table comes from ``bench/notebook_memory.py``).
+
+    A kernel that aborts inside TensorFlow (issue 22 item 11: TensorFlow's eager runtime, about once
+    in a CI run, in a kernel that trains; the cause is not found yet) is recorded in
+    ``test-artifacts/kernel-aborts.log`` with the stacks it left, its tasks must end with it, and the
+    notebook runs once more; a second death, or any other, fails."""
     import json
 
+    before = set(task_processes())
+    try:
+        nb, peak = _run(name)
+    except KernelAborted as first:
+        record_abort(f"notebook {name}", str(first))
+        assert_gone(set(task_processes()) - before)  # no orphan when the kernel aborts, either
+        nb, peak = _run(name)
+    assert_gone(set(task_processes()) - before)
+    record = ARTIFACTS / "memory.json"
+    peaks = json.loads(record.read_text()) if record.exists() else {}
+    peaks[name] = peak
+    record.write_text(json.dumps(peaks, indent=1))
+    assert 0 < peak <= PEAK_LIMIT, f"{name} peaked at {peak / 1e9:.2f} GB (PSS), over 1.8 GB"
+    return nb
+
+
+def _run(name: str) -> tuple[nbformat.NotebookNode, float]:
+    """One run of a notebook: what it left, and its peak memory."""
     from tfmagic.experiments.base import MemoryWatch
 
     nb = nbformat.read(ROOT / "notebooks" / name, as_version=4)
-    before = set(task_processes())
     env = dict(os.environ, TFMAGIC_SPARES="0", TFMAGIC_LESSON_STRICT="1")  # a contradicted lesson fails
     env.pop("PYTEST_CURRENT_TEST", None)
     client = NotebookClient(
@@ -56,21 +78,14 @@ def execute(name: str) -> nbformat.NotebookNode:
     except DeadKernelError as exc:
         stderr.flush()
         text = Path(stderr.name).read_text(errors="replace") + "\n" + kernel_log_of(pids[0] if pids else None)
-        raise AssertionError(
-            f"{name}: the kernel died; {why_it_died(text)}its stderr: {stderr.name}"
-        ) from exc
+        why = f"{name}: the kernel died; {why_it_died(text)}its stderr: {stderr.name}"
+        raise (KernelAborted if aborted(text) else AssertionError)(why) from exc
     finally:
         stderr.close()
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, ARTIFACTS / name)
     Path(stderr.name).unlink()
-    assert_gone(set(task_processes()) - before)
-    record = ARTIFACTS / "memory.json"
-    peaks = json.loads(record.read_text()) if record.exists() else {}
-    peaks[name] = watch.peak
-    record.write_text(json.dumps(peaks, indent=1))
-    assert 0 < watch.peak <= PEAK_LIMIT, f"{name} peaked at {watch.peak / 1e9:.2f} GB (PSS), over 1.8 GB"
-    return nb
+    return nb, watch.peak
 
 
 def kernel_pid(client: NotebookClient) -> int | None:

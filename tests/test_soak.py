@@ -18,8 +18,8 @@ import time
 import psutil
 import pytest
 
-from .conftest import assert_gone
-from .kernelutil import Kernel
+from .conftest import assert_gone, task_processes
+from .kernelutil import Kernel, KernelAborted, record_abort
 
 pytestmark = [pytest.mark.soak, pytest.mark.kernel, pytest.mark.cluster]
 
@@ -200,6 +200,18 @@ class Soak:
 
 @pytest.mark.parametrize("seed", _seeds())
 def test_soak(seed):
+    """A kernel that aborts inside TensorFlow (issue 22 item 11, not yet understood) is recorded in
+    test-artifacts/kernel-aborts.log, its tasks must die with it, and the seed runs once more."""
+    before = set(task_processes())
+    try:
+        _soak(seed)
+    except KernelAborted as first:
+        record_abort(f"soak seed {seed}", str(first))
+        assert_gone(set(task_processes()) - before, timeout=15)  # they die with an aborted kernel too
+        _soak(seed)
+
+
+def _soak(seed: int) -> None:
     rng = random.Random(seed)
     k = Kernel(env={"TFMAGIC_SPARES": "1", "TFMAGIC_SPARE_BUDGET": "1GB"})
     soak = Soak(k, rng, seed)
