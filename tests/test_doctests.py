@@ -16,6 +16,8 @@ MODULES = [
     "tfmagic.gilshare",
     "tfmagic.pace",
     "tfmagic.training.calibrate",
+    "tfmagic.experiments.base",
+    "tfmagic.experiments.exponential_steps",
 ]
 
 

@@ -54,3 +54,25 @@ def test_a_start_asking_the_same_pace_keeps_the_running_one():
     assert Pace.parse("auto").asked == measured.asked == "auto"
     assert Pace.parse("60ms").asked != measured.asked
     assert Pace.parse("60ms").asked == Pace.parse(0.06).asked
+
+
+def test_an_exponential_step_is_the_base_plus_an_exponential_time_of_the_given_mean():
+    """Dutta et al.'s model, shifted: no step shorter than the base, the mean base + mean, the spread
+    an exponential's (standard deviation = its mean); slowdown scales both; bad means say so."""
+    import statistics
+
+    from tfmagic.errors import BadPace
+    from tfmagic.pace import Pace
+
+    p = Pace.parse("40ms", exponential=0.08, seed=3)
+    draws = [p.duration("worker:0", i) for i in range(20000)]
+    assert min(draws) >= 0.04
+    assert abs(statistics.fmean(draws) - 0.12) < 0.003
+    assert abs(statistics.pstdev(draws) - 0.08) < 0.004
+    p.set_slowdown("worker:1", 2)
+    slow = [p.duration("worker:1", i) for i in range(20000)]
+    assert min(slow) >= 0.08 and abs(statistics.fmean(slow) - 0.24) < 0.006
+    assert "exponential time of mean 80 ms" in p.describe()
+    for bad in (-0.1, float("inf"), float("nan")):
+        with pytest.raises(BadPace, match="exponential is the mean"):
+            Pace.parse("40ms", exponential=bad)

@@ -149,20 +149,61 @@ def test_async_converges_and_records_every_update(local_cluster):
         )
 
 
-def test_ssp_never_lets_an_update_be_staler_than_its_rule_allows():
+@pytest.fixture(scope="module")
+def paced3():
+    """1 ps + 3 workers paced at 40 ms (no spares), shared by this module's paced tests."""
+    with tfmagic.LocalCluster(ps=1, workers=3, pace="40ms", name="paced3", spares=False) as cluster:
+        yield cluster
+
+
+def test_ssp_never_lets_an_update_be_staler_than_its_rule_allows(paced3):
     """SSP with bound s on N paced, jittery workers: no applied update staler than (2s + 1)(N - 1)
     (derived in tfmagic.experiments.ssp). A worker's clock counted steps computed, not landed, and a
     paced step's gradient lands with the next call: updates reached 5 with bound 0 and 4 workers."""
     from tfmagic.experiments.ssp import bound
 
-    with tfmagic.LocalCluster(ps=1, workers=3, pace="40ms", name="ssp-bound") as cluster:
-        cluster.pace.jitter = 0.5
+    paced3.pace.jitter = 0.5
+    try:
         for s in (0, 1):
-            h = tfmagic.train(cluster, "ssp", model="linear", steps=120, staleness=s, seed=s)
+            h = tfmagic.train(paced3, "ssp", model="linear", steps=120, staleness=s, seed=s)
             stale = [r.staleness for r in h.records if r.applied and not r.warmup]
             assert len(stale) >= 100, len(stale)
             assert max(stale) <= bound(s, 3), (s, max(stale), sorted(stale)[-10:])
             assert sum(stale) > 0, "bounded, but not lock-step sync"
+    finally:
+        paced3.pace.jitter = 0.0
+
+
+def test_paced_async_makes_updates_at_the_modelled_rate(paced3):
+    """Three workers of 100 ms steps make an update every 33.3 ms: a worker thread's bookkeeping between
+    two calls (reading the ring of step numbers) counts inside its next modelled step, as on a real
+    machine, instead of lengthening every step (async ran 4-6 % slower than its model before)."""
+    paced3.pace.base = 0.1
+    try:
+        h = tfmagic.train(paced3, "async", model="linear", steps=240)
+    finally:
+        paced3.pace.base = 0.04
+    assert not [n for n in h.notes if "could not keep" in n], h.notes
+    interval = 1 / h.updates_per_s()
+    assert abs(interval / (0.1 / 3) - 1) < 0.03, f"{interval * 1000:.1f} ms per update, modelled 33.3"
+
+
+def test_k_sync_stops_the_late_steps_where_backup_workers_finish_and_drop_them(paced3):
+    """late="cancel" (K-sync SGD, Dutta et al.): a worker still in its step when the update is made stops
+    there and starts the next from the new parameters, so a x8 straggler never delivers a gradient; with
+    "finish" (SyncReplicasOptimizer) it finishes each step and its gradient is dropped as stale."""
+    paced3.slow("worker:2", 8)
+    try:
+        cancel = tfmagic.train(paced3, "sync", model="linear", steps=30, backup_workers=1, late="cancel")
+        finish = tfmagic.train(paced3, "sync", model="linear", steps=30, backup_workers=1)
+    finally:
+        paced3.slow("worker:2", 1)
+    assert not cancel.dropped(), cancel.dropped()
+    assert all("worker:2" not in g.aggregated for g in cancel.global_steps[1:])
+    stopped = [n for n in cancel.notes if n.startswith("late='cancel'")]
+    assert stopped and "worker:2" in stopped[0], cancel.notes
+    assert finish.dropped().get("worker:2", 0) >= 2, finish.dropped()
+    assert not [n for n in finish.notes if n.startswith("late='cancel'")]
 
 
 def test_pace_auto_measures_the_machine_and_its_runs_keep_the_pace(monkeypatch):
@@ -584,6 +625,9 @@ def test_tensorboard_event_files_per_mode_and_task(local_cluster, tmp_path):
         ({"mode": "sync", "optimizer": "adam"}, "unknown optimizer"),
         ({"mode": "sync", "model": "resnet"}, "unknown model"),
         ({"mode": "sync", "lr": -1}, "lr must be"),
+        ({"mode": "sync", "backup_workers": 1, "late": "drop"}, "late must be 'finish' or 'cancel'"),
+        ({"mode": "sync", "late": "cancel"}, "late='cancel' is for sync with backup_workers"),
+        ({"mode": "sync", "backup_workers": 1, "late": "cancel"}, "late='cancel' needs a paced cluster"),
     ],
 )
 def test_bad_training_arguments_say_what_to_do(local_cluster, kwargs, match):

@@ -8,7 +8,9 @@ every worker a modelled machine instead: a step of worker ``i`` takes
 
     base x slowdown_i x jitter  (+ a rare hiccup)
 
-of wall time, whatever the processes really need (as long as they need
+of wall time (or, with ``exponential=μ``, ``(base + an exponentially
+distributed time of mean μ) x slowdown_i``: the step-time model under which
+Dutta et al. derive sync's and K-sync's expected step times), whatever the processes really need (as long as they need
 less: when they do not, the run says so and names a pace that would work).
 The training engine waits out the rest of each step on the worker's behalf,
 so sync updates are paced by the slowest worker exactly as on separate
@@ -23,6 +25,10 @@ cluster changes the modelled speed, not the process).
 (0.04, True)
 >>> p.set_slowdown("worker:1", 4); round(p.duration("worker:1", 0), 3)
 0.16
+>>> e = Pace.parse("50ms", exponential=0.1)
+>>> draws = [e.duration("worker:0", i) for i in range(4000)]
+>>> min(draws) >= 0.05, round(sum(draws) / len(draws), 2)
+(True, 0.15)
 """
 
 from __future__ import annotations
@@ -66,7 +72,10 @@ class Pace:
     factor)`` makes that task's local step ``step`` of each run take
     ``factor`` times the base step, without jitter (a long pause that an
     experiment needs in every mode it compares, where a random hiccup would
-    fall in one run and not another).
+    fall in one run and not another).  ``exponential``, when set, is the
+    mean of an exponentially distributed time added to every step (a shifted
+    exponential: ``base`` is then the shortest a step can take, and should
+    be at least what a real step needs, so the machine keeps the model).
     """
 
     base: float
@@ -76,6 +85,7 @@ class Pace:
     seed: int = 0
     slowdown: dict[str, float] = field(default_factory=dict)
     stalls: tuple[tuple[str, int, float], ...] = ()
+    exponential: float = 0.0
     _rngs: dict[str, random.Random] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -92,6 +102,8 @@ class Pace:
             p = cls(0.0, auto=True, **kwargs)
         else:
             p = cls(parse_seconds(pace), **kwargs)
+        if not (0 <= p.exponential < 3600 and math.isfinite(p.exponential)):
+            raise BadPace("exponential is the mean of a step's exponential part in seconds, 0 (none) to 3600")
         if not (0 <= p.jitter < 2 and 0 <= p.hiccup <= 1 and p.hiccup_factor >= 1):
             raise BadPace("jitter is 0 to 2 (log spread), hiccup a chance 0 to 1, hiccup_factor at least 1")
         if any(factor < 1 or step < 0 for _task, step, factor in p.stalls):
@@ -113,6 +125,8 @@ class Pace:
             if rng is None:
                 rng = self._rngs[str(task)] = random.Random(f"{self.seed}-{task}")
             d = plain = self.base * self.slowdown.get(str(task), 1.0)
+            if self.exponential:
+                d += rng.expovariate(1 / self.exponential) * self.slowdown.get(str(task), 1.0)
             if self.jitter:
                 d *= math.exp(rng.gauss(-(self.jitter**2) / 2, self.jitter))  # mean 1
             if self.hiccup and rng.random() < self.hiccup:
@@ -138,6 +152,8 @@ class Pace:
         if not self.calibrated:
             return "paced: auto (the step time is measured on this machine before the first paced run)"
         parts = [f"{self.base * 1000:g} ms per step" + (" (auto)" if self.auto else "")]
+        if self.exponential:
+            parts[0] += f" + an exponential time of mean {self.exponential * 1000:g} ms"
         if self.jitter:
             parts.append(f"jitter {self.jitter:g}")
         if self.hiccup:

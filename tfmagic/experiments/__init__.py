@@ -67,6 +67,7 @@ REGISTRY: dict[str, str] = {
     "scaling": "scaling",
     "elastic": "elastic",
     "ps-bottleneck": "ps_bottleneck",
+    "exponential-steps": "exponential_steps",
 }
 
 

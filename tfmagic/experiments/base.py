@@ -278,12 +278,19 @@ class Lab:
         return time.monotonic() - self.started
 
     def pace(
-        self, jitter: float = JITTER, hiccup: float = 0.0, hiccup_factor: float = 5.0, base=PACE, stalls=()
+        self,
+        jitter: float = JITTER,
+        hiccup: float = 0.0,
+        hiccup_factor: float = 5.0,
+        base=PACE,
+        stalls=(),
+        exponential: float = 0.0,
     ):
         from ..pace import Pace
 
         return Pace.parse(
             base,
+            exponential=exponential,
             jitter=jitter,
             hiccup=hiccup,
             hiccup_factor=hiccup_factor,

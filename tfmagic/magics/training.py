@@ -64,6 +64,12 @@ class TrainingMagics(Magics):
         default=0,
         help="sync: aggregate workers - N gradients per step, drop the late ones",
     )
+    @argument(
+        "--late",
+        default="finish",
+        help="with backup workers, a step the update no longer waits for: finish (its gradient dropped, as "
+        "SyncReplicasOptimizer) or cancel (it stops, K-sync SGD; paced clusters)",
+    )
     @argument("--optimizer", default="sgd", help="sgd | momentum | adagrad")
     @argument("--seed", type=count, default=0, help="initial weights")
     @argument(
@@ -103,6 +109,7 @@ class TrainingMagics(Magics):
             lr=args.lr,
             batch_size=args.batch_size,
             backup_workers=args.backup_workers,
+            **({"late": args.late} if args.late != "finish" else {}),
             optimizer=args.optimizer,
             seed=args.seed,
             logdir=args.logdir,

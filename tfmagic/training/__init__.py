@@ -77,6 +77,7 @@ class Comparison:
             opts = dict(kwargs)
             if m != "sync":
                 opts.pop("backup_workers", None)
+                opts.pop("late", None)
             if m != "ssp":
                 opts.pop("staleness", None)
             self.runs.append(TrainingRun(cluster, m, model=model, name=m, **opts))

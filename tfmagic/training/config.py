@@ -46,6 +46,12 @@ class RunConfig:
     steps_per_call: int = 1
     #: workers given their own batch size, (task, size); the others take ``batch_size``
     worker_batches: tuple[tuple[str, int], ...] = ()
+    #: sync with backup workers: what a worker still computing when the update is made does.
+    #: "finish": its step runs to the end and the gradient is dropped (SyncReplicasOptimizer, Chen et
+    #: al.); "cancel": its step stops there and it starts the next one from the new parameters (K-sync
+    #: SGD, Dutta et al. 2018, whose step-time formulas assume it). Only a modelled machine can be
+    #: stopped mid-step, so "cancel" needs a paced cluster.
+    late: str = "finish"
 
     def batch_of(self, task) -> int:
         """The examples per step of worker ``task``."""
@@ -97,6 +103,14 @@ class RunConfig:
             staleness = _whole("staleness", staleness, 0)
         elif staleness is not None:
             raise TrainingError(f"staleness is for mode='ssp' (stale synchronous parallel), not {mode!r}")
+        late = kwargs.get("late", "finish")
+        if late not in ("finish", "cancel"):
+            raise TrainingError(f"late must be 'finish' or 'cancel', not {late!r}")
+        if late == "cancel" and not backup:
+            raise TrainingError(
+                "late='cancel' is for sync with backup_workers (it stops the steps an update no longer "
+                "waits for); without backups every update waits for every worker"
+            )
         per_call = _whole("steps_per_call", kwargs.get("steps_per_call", 1), 1)
         if per_call > 1 and (mode == "ssp" or backup):
             raise TrainingError(
@@ -138,6 +152,7 @@ class RunConfig:
             staleness=staleness,
             steps_per_call=per_call,
             worker_batches=worker_batches,
+            late=late,
         )
 
 

@@ -140,6 +140,11 @@ class TrainingRun:
         self.cluster = cluster
         self.workers_n = cluster.shape.workers
         self.config = RunConfig.checked(self.workers_n, mode=mode, **kwargs)
+        if self.config.late == "cancel" and cluster.pace is None:
+            raise TrainingError(
+                "late='cancel' needs a paced cluster: a real step cannot be stopped once its worker runs "
+                "it, a modelled machine can (start the cluster with pace=..., or use late='finish')"
+            )
         try:
             self.model: Model = resolve(model)
         except (ValueError, TypeError) as exc:
@@ -163,6 +168,8 @@ class TrainingRun:
             "workers": self.workers_n,
             "ps": cluster.shape.ps,
         }
+        if c.late != "finish":
+            self.history.config["late"] = c.late
         self.control = Control()
         self.params = ParameterStore(cluster, Optimizer(c.optimizer, c.lr), self.who)
         self.params.names = self.model.weight_names()

@@ -33,6 +33,9 @@ from ..metrics import GlobalStep, StepRecord
 from .params import clear_executor
 from .steps import Worker, fused_update, make_apply, start_worker_thread
 
+#: what :meth:`SyncLoop.wait_out_pace` returns for a step the update no longer waited for
+CANCELLED = -1.0
+
 
 @dataclass
 class Gradient:
@@ -64,6 +67,8 @@ class SyncLoop:
         self.results: queue.Queue[Gradient] = queue.Queue()
         self.apply = make_apply(self.params)
         self.first = None
+        self.cancel_late = run.config.late == "cancel"
+        self.cancelled: dict = {}  # steps stopped when the update went ahead without them, per task
 
     def run(self, first: int, last: int) -> None:
         """Updates ``first`` .. ``last - 1``: wait for enough gradients of each, average, apply."""
@@ -80,6 +85,7 @@ class SyncLoop:
             self.record(t, *collected)
             self.training.checkpoint()
         self.drain()  # what arrives late for the last step is dropped, and counted
+        self.note_cancelled()
 
     @property
     def replicas(self) -> int:
@@ -136,9 +142,12 @@ class SyncLoop:
                 self.policy.handle_error(w, exc)
                 continue
             returned = time.time()
-            end, modelled = self.wait_out_pace(w, announced, returned)
+            end, modelled = self.wait_out_pace(w, step, announced, returned)
             if end is None:
                 return  # stopped while the modelled machine still worked
+            if end == CANCELLED:
+                w.last_step = step  # the update went ahead without it: on to the next step
+                continue
             w.errors = 0
             w.last_step = step
             w.local_step += 1
@@ -174,17 +183,29 @@ class SyncLoop:
             return w.fn().numpy()
 
     def wait_out_pace(
-        self, w: Worker, announced: float, returned: float
+        self, w: Worker, step: int, announced: float, returned: float
     ) -> tuple[float | None, float | None]:
         """On a paced cluster the modelled machine takes its time (the call counts in it): when the
-        gradient counts as arrived, and the modelled step time; (None, _) if the run stopped meanwhile."""
+        gradient counts as arrived, and the modelled step time; (None, _) if the run stopped meanwhile,
+        (CANCELLED, _) if the update went ahead without this step and ``late="cancel"`` stops it."""
         if self.pace is None:
             return returned, None
         modelled = self.pace.duration(w.task, w.local_step)
         end = max(returned, announced + modelled - self.overhead)
-        if self.control.stopped.wait(end - returned):
-            return None, modelled
-        return max(end, time.time()), modelled
+        if not self.cancel_late:
+            if self.control.stopped.wait(end - returned):
+                return None, modelled
+            return max(end, time.time()), modelled
+        with self.control.cond:  # announce() notifies: a newer step means this one is no longer waited for
+            while True:
+                if self.control.stopping:
+                    return None, modelled
+                if self.current > step:  # also when the call itself came back after the update
+                    self.cancelled[w.task] = self.cancelled.get(w.task, 0) + 1
+                    return CANCELLED, modelled
+                if (left := end - time.time()) <= 0:
+                    return max(end, time.time()), modelled
+                self.control.cond.wait(left)
 
     # -- the aggregator's side ---------------------------------------------------
     def collect(self, t: int) -> tuple[list[Gradient], tuple] | None:
@@ -216,7 +237,7 @@ class SyncLoop:
                 if res.step == t and not res.worker.lost and not res.worker.dropping:
                     collected.append(res)
                 elif res.step != t:
-                    self.record_dropped(res)
+                    self.late_gradient(res)
                     if res.step > t and self.was_applied(t):
                         return collected, (time.time(), None, None)  # the ps is past t: it happened
             chosen = [0.0] * len(self.params.buffers)
@@ -307,6 +328,15 @@ class SyncLoop:
             self.history.warmup_ended_at = now
         self.policy.check_loss(loss, t + 1)
 
+    def late_gradient(self, res: Gradient) -> None:
+        """A gradient of a step already applied: dropped and recorded (SyncReplicasOptimizer), or with
+        ``late="cancel"`` counted as a stopped step (it came in between the update and the next step's
+        start, before its worker could be stopped)."""
+        if self.cancel_late:
+            self.cancelled[res.worker.task] = self.cancelled.get(res.worker.task, 0) + 1
+        else:
+            self.record_dropped(res)
+
     def record_dropped(self, res: Gradient) -> None:
         self.history.add_step(
             StepRecord(
@@ -330,9 +360,20 @@ class SyncLoop:
     def drain(self) -> None:
         while True:
             try:
-                self.record_dropped(self.results.get_nowait())
+                self.late_gradient(self.results.get_nowait())
             except queue.Empty:
                 break
+
+    def note_cancelled(self) -> None:
+        """With ``late="cancel"``: how many steps stopped when the update went ahead without them."""
+        if self.cancelled:
+            per = ", ".join(
+                f"{task} {n}" for task, n in sorted(self.cancelled.items(), key=lambda kv: str(kv[0]))
+            )
+            self.history.notes.append(
+                f"late='cancel': {sum(self.cancelled.values())} steps stopped when the update went ahead "
+                f"without them ({per})"
+            )
 
 
 class FusedSyncLoop:
