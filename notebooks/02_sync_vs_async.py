@@ -27,13 +27,14 @@
 # workers' time (a Gantt strip: who computes, who waits), how many updates per second each makes, how far the
 # held-out loss falls per update, per example and per second, and how stale async's gradients are.
 #
-# The cluster is **paced** (`--pace 150ms`): each worker is a modelled machine whose step takes 150 ms, whatever
-# this laptop's two cores are doing (the engine waits out the rest of each step). Without a pace, four processes
-# sharing two cores teach the laptop, not the algorithm.
+# The cluster is **paced** (`--pace auto`): each worker is a modelled machine whose step takes the same time P,
+# whatever this laptop's two cores are doing (the engine waits out the rest of each step). `auto` picks P by
+# measuring what this machine keeps for three workers; the start below prints it (call it P in your answers).
+# Without a pace, four processes sharing two cores teach the laptop, not the algorithm.
 #
 # ## Predict first
 #
-# Write your answers down before you run the cells. Three workers, each step 150 ms:
+# Write your answers down before you run the cells. Three workers, each step P (as the start prints it):
 #
 # 1. How many updates per second does sync make? And async?
 # 2. Per **update**, which mode lowers the held-out loss more? Per **example** the workers read? Per **second**?
@@ -42,7 +43,7 @@
 
 # %%
 # %load_ext tfmagic
-# %tf_cluster start --ps 1 --workers 3 --pace 150ms
+# %tf_cluster start --ps 1 --workers 3 --pace auto
 
 # %% [markdown]
 # Both runs below start from the same initial weights and train the same model (a small MLP on the UCI
@@ -62,6 +63,7 @@ from tfmagic.training.asynchronous import AsyncLoop
 from tfmagic.training.sync import SyncLoop
 
 cluster = tfmagic.current_cluster()
+P = cluster.pace.base * 1000  # the modelled step time auto measured, in ms
 comp = tfmagic.compare(cluster, model="digits", steps=300, lr=0.1, batch_size=32)
 sync, async_ = comp.histories
 print(comp.table())
@@ -69,7 +71,7 @@ for h in comp.histories:  # a machine too busy to keep the pace says so here
     for note in h.notes:
         print(f"{h.run}: {note}")
 missed = [h.run for h in comp.histories if any("could not keep" in n for n in h.notes)]
-lesson.expect(not missed, claim="the machine kept the 150 ms pace, so these runs show the model")
+lesson.expect(not missed, claim=f"the machine kept the {P:.0f} ms pace, so these runs show the model")
 
 # %% [markdown]
 # ## The sync loop
@@ -103,12 +105,12 @@ lesson.expect(
 # %% [markdown]
 # ### Real machines are not identical
 #
-# Give each step a random spread of about 30 % (`jitter`: the same mean, 150 ms) and predict: does a sync update
-# still take 150 ms? Each update now lasts as long as the *slowest* of three draws, and whoever drew a short step
+# Give each step a random spread of about 30 % (`jitter`: the same mean, P) and predict: does a sync update
+# still take P? Each update now lasts as long as the *slowest* of three draws, and whoever drew a short step
 # waits at the barrier (yellow).
 
 # %%
-cluster.pace.jitter = 0.3  # each modelled step now takes 150 ms x a random factor of mean 1
+cluster.pace.jitter = 0.3  # each modelled step now takes P x a random factor of mean 1
 jittery = tfmagic.train(cluster, mode="sync", model="digits", steps=80, lr=0.1, batch_size=32)
 cluster.pace.jitter = 0.0
 print(
@@ -120,7 +122,7 @@ for task, row in sorted(plots.gantt_shares(jittery).items()):
 lesson.expect(
     jittery.median_step_time() / sync.median_step_time(),
     at_least=1.1,
-    claim="with jitter a sync update lasts longer than 150 ms: it waits for the slowest of three draws",
+    claim=f"with jitter a sync update lasts longer than {P:.0f} ms: it waits for the slowest of three draws",
 )
 lesson.expect(
     max(row["wait"] for row in plots.gantt_shares(jittery).values()),
@@ -263,10 +265,10 @@ Image(plots.png_bytes(plots.staleness_figure(async_)))
 #
 # 1. Each sync update averages three gradients, so its direction is less noisy (the standard deviation of the
 #    average is the single gradient's over √3) and it can take a three times longer step. Per update that wins
-#    clearly: one run here, on this paced cluster, ended at a held-out loss of 0.125 with `lr=0.3`, against 0.251
-#    for sync at `lr=0.1` and 0.274 for async. Per second it does not change: sync still makes one update per
-#    150 ms step (6.6 updates/s against async's 19.4), so async's 300 updates took 15 s and sync's 45 s.
-# 2. Neither in between: on this cluster SSP with bound 1 ran like async (19.31 updates/s against 19.33, mean
+#    clearly: one run here, on a cluster paced at 150 ms, ended at a held-out loss of 0.125 with `lr=0.3`, against
+#    0.251 for sync at `lr=0.1` and 0.274 for async. Per second it does not change: sync still makes one update
+#    per 150 ms step (6.6 updates/s against async's 19.4), so async's 300 updates took 15 s and sync's 45 s.
+# 2. Neither in between: on that cluster SSP with bound 1 ran like async (19.31 updates/s against 19.33, mean
 #    staleness 1.99 against 1.98, the same spike at 2). Three machines at the same pace never get a step apart,
 #    so the bound never makes anyone wait; it only matters when one falls behind (notebook 03's second exercise,
 #    and the `ssp` experiment in notebook 06, where a worker stalls).

@@ -26,8 +26,10 @@
 # 3. **failures**: async goes on without a dead worker and takes it back after a restart; sync without backups
 #    cannot make a step, and says so at once instead of hanging.
 #
-# The cluster is **paced** (`--pace 200ms`): each worker is a modelled machine of 200 ms per step, and
-# `%tf_cluster slow worker:2 --factor 4` makes that machine four times slower. (Without a pace, `slow` pauses and
+# The cluster is **paced** (`--pace auto`): each worker is a modelled machine with a fixed step time, which `auto`
+# picks by measuring what this machine keeps for three workers (the start below prints it and how it was
+# measured), and `%tf_cluster slow worker:2 --factor 4` makes that machine four times slower. Every claim here is a
+# ratio, so it holds at whatever step time your machine gets. (Without a pace, `slow` pauses and
 # resumes the task's process, and on a two-core laptop the other processes get the CPU it gives up:
 # `bench/stragglers.py` shows both side by side, and only the paced figures follow the textbook.)
 #
@@ -43,7 +45,7 @@
 
 # %%
 # %load_ext tfmagic
-# %tf_cluster start --ps 1 --workers 3 --pace 200ms
+# %tf_cluster start --ps 1 --workers 3 --pace auto
 
 # %%
 import time
@@ -280,11 +282,12 @@ lesson.expect(
 #
 # <details><summary>Solutions (click to open)</summary>
 #
-# 1. Sync waits for the slowest gradient of every update, so its step takes eight paces: one run here measured
+# 1. Sync waits for the slowest gradient of every update, so its step takes eight paces: one run here (at a 200 ms
+#    pace, before `auto`; the ratios do not depend on it) measured
 #    7.92 times the unslowed step. Async still follows `(2 + 1/8) / 3 = 0.71`: the run measured 0.70 of its
 #    unslowed updates per second (workers 0 and 1 at 4.9 steps/s each, worker 2 at 0.63). The formula holds for
 #    any factor because async's workers never wait for each other: each adds its own rate.
-# 2. Between, but much nearer sync than its updates per second suggest. One run here: sync 1.24 updates/s,
+# 2. Between, but much nearer sync than its updates per second suggest. One run here (200 ms pace): sync 1.24 updates/s,
 #    SSP 3.86, async 10.99. SSP applies every gradient on its own, so it makes three updates where sync makes one;
 #    but no worker may run more than two steps ahead of the straggler, so within a few steps all three step at the
 #    straggler's pace (1.32, 1.32 and 1.25 steps/s), and its gradients per second (3.86) are sync's (3.74), not

@@ -20,8 +20,10 @@
 # staleness, noise, bounded staleness and scaling. Here each one is an experiment that starts real
 # clusters, trains on them, and compares what it **measured** with what was **published**. The verdict
 # is computed from the figures, never typed in; when a claim does not hold, the result says why.
-# (`%tf_experiment` also lists `elastic`, not run here: scaling again, in one async run while workers
-# join one by one up to 4 and leave again; `%tf_experiment elastic` runs it in about 90 s.)
+# (`%tf_experiment` also lists three not run here: `elastic`, scaling again in one async run while workers
+# join one by one up to 4 and leave again, about 90 s; `ps-bottleneck`, which notebook 07 runs; and
+# `exponential-steps`, Dutta et al.'s expected update times when step times are exponential: a sync
+# update of n workers waits μ·H_n, which grows as ln n with no straggler at all, about 100 s.)
 #
 # The clusters are **paced** (`tfmagic.pace`): each worker is a modelled machine whose step takes
 # 400 ms (with a 10 % jitter, seeded), however many processes share this machine's two cores. So four
