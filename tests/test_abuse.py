@@ -400,6 +400,32 @@ def test_the_runtime_dirs_that_dead_owners_left_are_removed(tmp_path):
     assert removed == [stale] and not stale.exists() and alive.exists() and other.exists()
 
 
+@pytest.mark.unit
+def test_a_dead_kernels_fatal_log_is_kept_and_reported_once(tmp_path, monkeypatch):
+    """A kernel that died of a fatal signal left faulthandler's stacks in its log (the log filter points
+    them there); the sweep that removes its directory keeps that log, and the next kernel says where."""
+    from tfmagic import owner
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    for name, text in (
+        ("crashed", "I0000 started\nFatal Python error: Aborted\n\nThread 0x1 ...\n"),
+        ("ended", "fine\n"),
+    ):
+        d = tmp_path / "runtime" / f"tfmagic-{name}"
+        d.mkdir(parents=True)
+        (d / ".owner").write_text(f"{dead.pid} 1\n")
+        (d / "kernel-native.log").write_text(text)
+    removed = owner.remove_stale(tmp_path / "runtime")
+    assert len(removed) == 2 and not any(p.exists() for p in removed)
+    kept = list((tmp_path / "cache" / "tfmagic" / "crashes").iterdir())
+    assert len(kept) == 1 and kept[0].name.startswith(f"kernel-{dead.pid}-")
+    assert "Thread 0x1" in kept[0].read_text()
+    assert owner.crashes() == [(kept[0], "Fatal Python error: Aborted")]
+    assert owner.crashes() == [], "each reported once"
+
+
 # -- lost or misleading work ---------------------------------------------------------------------
 
 

@@ -232,6 +232,38 @@ def test_kill_minus_9_of_the_kernel_leaves_nothing(tmp_path):
         k.stderr_path.unlink(missing_ok=True)
 
 
+def test_a_kernel_that_aborts_leaves_its_stacks_and_the_next_kernel_says_where(tmp_path):
+    """A kernel that dies of a fatal signal (here abort() in a cell, as TensorFlow's failed checks do)
+    writes its threads' stacks into its log before it dies (ipykernel's pipe on fd 2 dies with it);
+    the next kernel's %load_ext keeps that log out of the sweep of dead kernels and says where."""
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    first = Kernel(env=env)
+    try:
+        first.ok("%load_ext tfmagic", timeout=60)
+        pid = first.pid
+        first.kc.execute("import os\ndef abort_here_on_purpose():\n    os.abort()\nabort_here_on_purpose()")
+        assert _ended(pid, timeout=30), "the kernel did not abort"
+        first.km.provisioner.process.wait(10)  # reaped, as a Jupyter server reaps its dead kernels
+    finally:
+        try:
+            first.kc.stop_channels()
+            first.km.cleanup_resources()
+        except Exception:  # noqa: BLE001 - the kernel died on purpose; its channels may be gone
+            pass
+        first.stderr_path.unlink(missing_ok=True)
+    second = Kernel(env=env)
+    try:
+        said = second.ok("%load_ext tfmagic", timeout=60).text
+        assert (
+            f"an earlier kernel of yours (pid {pid}) died of a fatal signal (Fatal Python error: Aborted)"
+            in said
+        )
+        kept = list((tmp_path / "cache" / "tfmagic" / "crashes").glob(f"kernel-{pid}-*.log"))
+        assert len(kept) == 1 and "abort_here_on_purpose" in kept[0].read_text(), said
+    finally:
+        second.shutdown()
+
+
 def test_tf_train_in_the_background_and_failure_injection_magics(kernel):
     said = kernel.value(
         "len(__import__('tfmagic.magics.render', fromlist=['_']).security_once.__globals__['_security_said'])"

@@ -7,7 +7,10 @@ and lets tests check that nothing is left.
 
 It also owns this process's private directory (logs, checkpoints) and
 removes the directories that owners killed with ``kill -9`` left behind:
-they cannot clean up after themselves, so the next owner does.
+they cannot clean up after themselves, so the next owner does.  An owner that
+died of a fatal signal (a kernel that aborted inside TensorFlow) left the
+reason in its log, and that log is kept (:func:`crash_dir`) before its
+directory goes: the next kernel says where (:func:`crashes`).
 """
 
 from __future__ import annotations
@@ -17,11 +20,19 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Protocol
 
 _PREFIX = "tfmagic-"
 _OWNER_FILE = ".owner"
+_KERNEL_LOG = "kernel-native.log"
+#: what a process's log holds when it died of a fatal signal (faulthandler's header, which the log
+#: filter points into that log)
+_FATAL = "Fatal Python error"
+#: dead owners' fatal logs kept at most (the oldest go first)
+_CRASHES_KEPT = 10
+_crashes: list[Path] = []
 
 
 class Owned(Protocol):
@@ -105,9 +116,51 @@ def remove_stale(root: str | os.PathLike | None = None) -> list[Path]:
         if not path.is_dir() or path.is_symlink() or st.st_uid != os.getuid():
             continue
         if not _owner_alive(path):
+            kept = _keep_fatal_log(path)
+            if kept is not None:
+                _crashes.append(kept)
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed
+
+
+def crash_dir() -> Path:
+    """Where the fatal logs of dead owners are kept: ``$XDG_CACHE_HOME/tfmagic/crashes`` (or ``~/.cache``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tfmagic" / "crashes"
+
+
+def _keep_fatal_log(directory: Path) -> Path | None:
+    """Copy a dead owner's log to :func:`crash_dir` when it says the owner died of a fatal signal."""
+    log = directory / _KERNEL_LOG
+    try:
+        if _FATAL not in log.read_text(errors="replace"):
+            return None
+        pid = (directory / _OWNER_FILE).read_text().split()[0]
+        when = time.strftime("%Y%m%d-%H%M%S", time.localtime(log.stat().st_mtime))
+        target = crash_dir()
+        target.mkdir(parents=True, exist_ok=True)
+        kept = target / f"kernel-{pid}-{when}.log"
+        shutil.copyfile(log, kept)
+        for old in sorted(target.glob("kernel-*.log"), key=lambda p: p.stat().st_mtime)[:-_CRASHES_KEPT]:
+            old.unlink(missing_ok=True)
+        return kept
+    except (OSError, IndexError):
+        return None  # keeping it is a courtesy; the sweep goes on
+
+
+def crashes() -> list[tuple[Path, str]]:
+    """The fatal logs kept by this process's sweeps, each with the line that says how the owner died
+    (taken from the list: each is reported once)."""
+    found = []
+    while _crashes:
+        path = _crashes.pop(0)
+        try:
+            line = next(ln for ln in path.read_text(errors="replace").splitlines() if _FATAL in ln)
+        except (OSError, StopIteration):
+            continue
+        found.append((path, line.strip()))
+    return found
 
 
 def runtime_dir() -> Path:
@@ -124,7 +177,7 @@ def runtime_dir() -> Path:
 def kernel_log() -> Path:
     """The kernel's own log (``%tf_cluster logs kernel``): TensorFlow's native lines, and the
     warnings tfmagic keeps out of the notebook."""
-    return runtime_dir() / "kernel-native.log"
+    return runtime_dir() / _KERNEL_LOG
 
 
 def cleanup() -> None:
