@@ -103,10 +103,19 @@ def outputs(nb, skip: str | None = None, only: str | None = None) -> str:
             continue
         if only and only not in cell.get("source", ""):
             continue
+        previous = None
         for out in cell.get("outputs", []):
             if out.get("output_type") == "stream":
-                text.append(out["text"])
-            elif "data" in out:
+                if previous is not None and previous.get("name") == out.get("name"):
+                    # one stream cut in two (the kernel flushed between the pieces of one print):
+                    # a notebook shows them as one text, and so does this
+                    text[-1] += out["text"]
+                else:
+                    text.append(out["text"])
+                previous = out
+                continue
+            previous = None
+            if "data" in out:
                 text.append(out["data"].get("text/plain", ""))
             elif out.get("output_type") == "error":
                 text.append("\n".join(out.get("traceback", [])))
