@@ -150,7 +150,7 @@ class Pace:
 
     def describe(self) -> str:
         if not self.calibrated:
-            return "paced: auto (the step time is measured on this machine before the first paced run)"
+            return "paced: auto, at a step time measured on this machine before the first paced run"
         parts = [f"{self.base * 1000:g} ms per step" + (" (auto)" if self.auto else "")]
         if self.exponential:
             parts[0] += f" + an exponential time of mean {self.exponential * 1000:g} ms"
