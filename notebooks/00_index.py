@@ -34,11 +34,11 @@
 # | notebook | you will learn | minutes | runs in | needs |
 # | --- | --- | --- | --- | --- |
 # | [01 · Cluster basics](01_cluster_basics.ipynb) | jobs, tasks, servers and the client; variables on the ps, ops on the workers; proving that workers cooperated; TF1 sessions | 15 | 25 s | start here |
-# | [02 · Sync vs async](02_sync_vs_async.ipynb) | what each mode does to the workers' time, updates per second, loss per update, staleness | 20 | 1.0 min | 01 |
-# | [03 · Stragglers and failures](03_stragglers_and_failures.ipynb) | one slow worker paces sync; backup workers; what a dead worker does to each mode | 25 | 2.4 min | 02 |
+# | [02 · Sync vs async](02_sync_vs_async.ipynb) | what each mode does to the workers' time, updates per second, loss per update, staleness | 20 | 1.1 min | 01 |
+# | [03 · Stragglers and failures](03_stragglers_and_failures.ipynb) | one slow worker paces sync; backup workers; what a dead worker does to each mode | 25 | 2.6 min | 02 |
 # | [04 · Between-graph](04_between_graph.ipynb) | the source articles' TF1 programs in every task; TF2's `ParameterServerStrategy` and all-reduce | 20 | 1.4 min | 01 |
 # | [05 · Beyond one machine](05_beyond_one_machine.ipynb) | the same cluster over SSH and Spark; attaching to a cluster someone else started | 20 | 39 s | 01; SSH hosts or Spark for parts |
-# | [06 · The classic experiments](06_classic_experiments.ipynb) | six textbook claims, measured and checked against what was published | 30 | 5.3 min | 02, 03 |
+# | [06 · The classic experiments](06_classic_experiments.ipynb) | six textbook claims, measured and checked against what was published | 30 | 5.1 min | 02, 03 |
 # | [07 · Inside the cluster](07_inside_the_cluster.ipynb) | where every variable lives, what moves over each link, who waits on whom when it hangs | 20 | 1.6 min | 01 |
 # | [08 · What else the source articles ask](08_from_the_seeds.ipynb) | a ps on the CPU and a GPU per worker; model parallelism; resizing a running cluster; TensorFlowOnSpark's `map_fun(args, ctx)` in tfmagic; TensorBoard's weight histograms; each worker its own batch size | 20 | 1.1 min | 01, 04 |
 #
