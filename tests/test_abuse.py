@@ -422,7 +422,7 @@ def test_a_dead_kernels_fatal_log_is_kept_and_reported_once(tmp_path, monkeypatc
     kept = list((tmp_path / "cache" / "tfmagic" / "crashes").iterdir())
     assert len(kept) == 1 and kept[0].name.startswith(f"kernel-{dead.pid}-")
     assert "Thread 0x1" in kept[0].read_text()
-    assert owner.crashes() == [(kept[0], "Fatal Python error: Aborted")]
+    assert owner.crashes() == [(kept[0], str(dead.pid), "Fatal Python error: Aborted")]
     assert owner.crashes() == [], "each reported once"
 
 

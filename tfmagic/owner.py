@@ -32,7 +32,7 @@ _KERNEL_LOG = "kernel-native.log"
 _FATAL = "Fatal Python error"
 #: dead owners' fatal logs kept at most (the oldest go first)
 _CRASHES_KEPT = 10
-_crashes: list[Path] = []
+_crashes: list[tuple[Path, str, str]] = []  # (kept log, the dead owner's pid, how it died)
 
 
 class Owned(Protocol):
@@ -130,11 +130,13 @@ def crash_dir() -> Path:
     return Path(base) / "tfmagic" / "crashes"
 
 
-def _keep_fatal_log(directory: Path) -> Path | None:
-    """Copy a dead owner's log to :func:`crash_dir` when it says the owner died of a fatal signal."""
+def _keep_fatal_log(directory: Path) -> tuple[Path, str, str] | None:
+    """Copy a dead owner's log to :func:`crash_dir` when it says the owner died of a fatal signal;
+    the copy, the owner's pid and the line that says how it died."""
     log = directory / _KERNEL_LOG
     try:
-        if _FATAL not in log.read_text(errors="replace"):
+        how = next((ln.strip() for ln in log.read_text(errors="replace").splitlines() if _FATAL in ln), None)
+        if how is None:
             return None
         pid = (directory / _OWNER_FILE).read_text().split()[0]
         when = time.strftime("%Y%m%d-%H%M%S", time.localtime(log.stat().st_mtime))
@@ -144,22 +146,15 @@ def _keep_fatal_log(directory: Path) -> Path | None:
         shutil.copyfile(log, kept)
         for old in sorted(target.glob("kernel-*.log"), key=lambda p: p.stat().st_mtime)[:-_CRASHES_KEPT]:
             old.unlink(missing_ok=True)
-        return kept
+        return kept, pid, how
     except (OSError, IndexError):
         return None  # keeping it is a courtesy; the sweep goes on
 
 
-def crashes() -> list[tuple[Path, str]]:
-    """The fatal logs kept by this process's sweeps, each with the line that says how the owner died
-    (taken from the list: each is reported once)."""
-    found = []
-    while _crashes:
-        path = _crashes.pop(0)
-        try:
-            line = next(ln for ln in path.read_text(errors="replace").splitlines() if _FATAL in ln)
-        except (OSError, StopIteration):
-            continue
-        found.append((path, line.strip()))
+def crashes() -> list[tuple[Path, str, str]]:
+    """The fatal logs kept by this process's sweeps: (the copy, the dead owner's pid, the line that
+    says how it died), each reported once."""
+    found, _crashes[:] = list(_crashes), []
     return found
 
 

@@ -124,9 +124,10 @@ class Pace:
             rng = self._rngs.get(str(task))
             if rng is None:
                 rng = self._rngs[str(task)] = random.Random(f"{self.seed}-{task}")
-            d = plain = self.base * self.slowdown.get(str(task), 1.0)
+            slow = self.slowdown.get(str(task), 1.0)
+            d = plain = self.base * slow
             if self.exponential:
-                d += rng.expovariate(1 / self.exponential) * self.slowdown.get(str(task), 1.0)
+                d += rng.expovariate(1 / self.exponential) * slow
             if self.jitter:
                 d *= math.exp(rng.gauss(-(self.jitter**2) / 2, self.jitter))  # mean 1
             if self.hiccup and rng.random() < self.hiccup:

@@ -75,17 +75,17 @@ def expected_async(n: int) -> float:
 def measure(lab: Lab) -> Finding:
     measured: dict = {}
     checks = []
-    bars = []  # (label, measured s, expected s)
+    bars = []  # (label, workers, whole: sync or async rather than K of n, measured s, expected s)
     for n in (4, 2):
         with lab.cluster(workers=n, jitter=0.0, base=SHIFT, exponential=MEAN) as cluster:
             for k in range(n, max(n - 3, 0), -1):  # K = n, n - 1, n - 2
                 label = f"{k} of {n}" if k < n else f"sync, {n} workers"
                 opts = {"backup_workers": n - k, "late": "cancel"} if k < n else {}
                 h = lab.train(cluster, "sync", SYNC_UPDATES[n], label=label, **opts)
-                bars.append((label, 1 / h.updates_per_s(), expected_sync(n, k)))
+                bars.append((label, n, k == n, 1 / h.updates_per_s(), expected_sync(n, k)))
             h = lab.train(cluster, "async", ASYNC_PER_WORKER[n] * n, label=f"async, {n} workers")
-            bars.append((f"async, {n} workers", 1 / h.updates_per_s(), expected_async(n)))
-    for label, got, want in bars:
+            bars.append((f"async, {n} workers", n, True, 1 / h.updates_per_s(), expected_async(n)))
+    for label, _, _, got, want in bars:
         measured[f"{label} (ms per update)"] = got * 1000
         measured[f"{label} (expected ms)"] = want * 1000
         checks.append(
@@ -98,20 +98,18 @@ def measure(lab: Lab) -> Finding:
             )
         )
     fig, (a, b) = figure()
-    names = [label for label, _, _ in bars]
     xs = range(len(bars))
-    a.bar([x - 0.2 for x in xs], [g * 1000 for _, g, _ in bars], width=0.4, label="measured", color="#1f77b4")
-    a.bar([x + 0.2 for x in xs], [w * 1000 for _, _, w in bars], width=0.4, label="expected", color="#ff7f0e")
-    a.set_xticks(list(xs), [n.replace(", ", "\n") for n in names], fontsize=7)
+    a.bar([x - 0.2 for x in xs], [b[3] * 1000 for b in bars], width=0.4, label="measured", color="#1f77b4")
+    a.bar([x + 0.2 for x in xs], [b[4] * 1000 for b in bars], width=0.4, label="expected", color="#ff7f0e")
+    a.set_xticks(list(xs), [b[0].replace(", ", "\n") for b in bars], fontsize=7)
     a.set_ylabel("ms per update (mean)")
     a.set_title("model and measurement")
     a.legend(fontsize=8)
     ns = range(1, 9)
     b.plot(list(ns), [(SHIFT + MEAN * harmonic(n)) * 1000 for n in ns], marker="o", label="sync: Δ + μ·H_n")
     b.plot(list(ns), [expected_async(n) * 1000 for n in ns], marker="o", label="async: (Δ + μ)/n")
-    for label, got, _ in bars:
-        n = int(label.split()[-2]) if label.endswith("workers") else int(label.split()[-1])
-        if label.startswith(("sync", "async")):
+    for _, n, whole, got, _ in bars:
+        if whole:
             b.plot([n], [got * 1000], "k^")
     b.set_xlabel("workers n")
     b.set_ylabel("ms per update")

@@ -44,8 +44,7 @@ def load(ipython) -> None:
         except Exception as exc:  # noqa: BLE001 - the filter is a comfort, never a blocker
             print(f"tfmagic: TensorFlow's native logs will show here ({exc})", file=sys.stderr)
     owner.runtime_dir()  # sweeps the directories of dead kernels, keeping the log of one that crashed
-    for path, how in owner.crashes():
-        pid = path.name.split("-")[1]
+    for path, pid, how in owner.crashes():
         print(
             f"tfmagic: an earlier kernel of yours (pid {pid}) died of a fatal signal ({how}); its log, "
             f"with the stacks of its threads: {path}"

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import queue
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,7 +69,7 @@ class SyncLoop:
         self.apply = make_apply(self.params)
         self.first = None
         self.cancel_late = run.config.late == "cancel"
-        self.cancelled: dict = {}  # steps stopped when the update went ahead without them, per task
+        self.cancelled: Counter = Counter()  # steps stopped when the update went ahead without them, per task
 
     def run(self, first: int, last: int) -> None:
         """Updates ``first`` .. ``last - 1``: wait for enough gradients of each, average, apply."""
@@ -201,7 +202,7 @@ class SyncLoop:
                 if self.control.stopping:
                     return None, modelled
                 if self.current > step:  # also when the call itself came back after the update
-                    self.cancelled[w.task] = self.cancelled.get(w.task, 0) + 1
+                    self.cancelled[w.task] += 1
                     return CANCELLED, modelled
                 if (left := end - time.time()) <= 0:
                     return max(end, time.time()), modelled
@@ -333,7 +334,7 @@ class SyncLoop:
         ``late="cancel"`` counted as a stopped step (it came in between the update and the next step's
         start, before its worker could be stopped)."""
         if self.cancel_late:
-            self.cancelled[res.worker.task] = self.cancelled.get(res.worker.task, 0) + 1
+            self.cancelled[res.worker.task] += 1
         else:
             self.record_dropped(res)
 
