@@ -275,8 +275,17 @@ def test_children_of_a_cell_die_with_the_task_even_in_their_own_session(tmp_path
     child, grandchild = map(int, owner.report["text"].split()[1:3])
     try:
         assert psutil.Process(child).ppid() == owner.task
-        assert psutil.Process(grandchild).ppid() == owner.task, "orphans re-parent to the task (subreaper)"
-        assert os.getsid(child) != os.getsid(owner.task) and os.getsid(grandchild) != os.getsid(owner.task)
+        # `$!` is the pid of sh's fork, which is in the task's session until it has run setsid(2): the
+        # report can come first (a CI run met it), so wait for both before asserting on them
+        poll_for(
+            lambda: (
+                psutil.Process(grandchild).ppid() == owner.task
+                and os.getsid(grandchild) != os.getsid(owner.task)
+            ),
+            10,
+            what="the grandchild re-parented to the task in a session of its own",
+        )
+        assert os.getsid(child) != os.getsid(owner.task)
         owner.kill()
         assert_gone([owner.task, child, grandchild], timeout=10)
     finally:

@@ -24,9 +24,18 @@ DEFAULT_PERIOD_MS = 20.0
 
 
 def run(pid: int, factor: float, period_ms: float = DEFAULT_PERIOD_MS) -> None:
+    """Let ``pid`` run 1/factor of the wall time until this helper is told to stop.
+
+    The pause is not a fixed sleep: a helper on a busy machine wakes late, and
+    late wakeups added to both phases drift the share towards one half (a CI
+    run measured a worker asked to run 1/8 of the time giving 30 % of the
+    gradients).  So the time the process ran is measured, and it stays stopped
+    until that is 1/factor of the time since the throttle began.  A helper that
+    woke late during a pause (the process got less than its share) owes it no
+    burst afterwards: the count starts again from there.
+    """
     period = period_ms / 1000.0
     on = period / factor
-    off = period - on
     stopping = False
 
     def finish(*_):
@@ -36,14 +45,23 @@ def run(pid: int, factor: float, period_ms: float = DEFAULT_PERIOD_MS) -> None:
     signal.signal(signal.SIGTERM, finish)
     signal.signal(signal.SIGINT, finish)
     parent = os.getppid()
+    began = time.monotonic()
+    ran = 0.0
     try:
         while not stopping and os.getppid() == parent:
+            resumed = time.monotonic()
             os.kill(pid, signal.SIGCONT)
             time.sleep(on)
             if stopping:
                 break
             os.kill(pid, signal.SIGSTOP)
-            time.sleep(off)
+            now = time.monotonic()
+            ran += now - resumed
+            pause = began + ran * factor - now
+            if pause > 0:
+                time.sleep(pause)
+            else:
+                began -= pause
     except ProcessLookupError:
         return
     finally:
