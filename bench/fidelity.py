@@ -9,14 +9,20 @@ could not keep its pace fails with that reason, and the load says why.
 
     python bench/fidelity.py                       # all experiments, seeds 0-9 (about an hour)
     python bench/fidelity.py stragglers ssp --seeds 5
+
+Each run is its own Python process, as a notebook's kernel is: forty runs in
+one process grew it by about 40 MB a run, over the 2 GB limit at the end.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import tfmagic.experiments as ex
 
@@ -27,6 +33,7 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=10, help="seeds 0 .. N-1 (default 10)")
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a child: one run, JSON
     args = parser.parse_args()
     unknown = [n for n in args.names if n not in ex.names()]
     if unknown:
@@ -35,14 +42,14 @@ def main() -> int:
             file=sys.stderr,
         )
         return 2
+    if args.one:
+        return _one(args.names[0], args.first_seed, args.quiet)
     t0 = time.monotonic()
     summary = []
     for name in args.names:
         results = []
         for seed in range(args.first_seed, args.first_seed + args.seeds):
-            result = ex.run(
-                name, seed=seed, progress=None if args.quiet else lambda s: print("   ", s, flush=True)
-            )
+            result = _run_apart(name, seed, args.quiet)
             results.append(result)
             figures = "; ".join(
                 f"{c.label} {c.value:.3g} (needs {c.op} {c.bound:.3g})" for c in result.checks
@@ -73,6 +80,34 @@ def main() -> int:
     for line in summary:
         print(" ", line)
     return 0
+
+
+def _one(name: str, seed: int, quiet: bool) -> int:
+    result = ex.run(name, seed=seed, progress=None if quiet else lambda s: print("   ", s, flush=True))
+    checks = [{"label": c.label, "value": c.value, "op": c.op, "bound": c.bound} for c in result.checks]
+    keep = {k: getattr(result, k) for k in ("holds", "seconds", "peak_memory", "why", "notes")}
+    print("RESULT " + json.dumps({**keep, "notes": list(result.notes), "checks": checks}), flush=True)
+    return 0
+
+
+def _run_apart(name: str, seed: int, quiet: bool) -> SimpleNamespace:
+    """One run in a fresh Python, its progress passed through and its result read back."""
+    cmd = [sys.executable, __file__, name, "--first-seed", str(seed), "--one"] + (
+        ["--quiet"] if quiet else []
+    )
+    # TensorFlow's start-up lines, once per run, say nothing
+    env = {"TF_CPP_MIN_LOG_LEVEL": "2", **os.environ}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+    found = None
+    for line in proc.stdout:
+        if line.startswith("RESULT "):
+            found = json.loads(line[len("RESULT ") :])
+        else:
+            print(line, end="", flush=True)
+    if proc.wait() != 0 or found is None:
+        raise SystemExit(f"{name} seed {seed}: its process ended with {proc.returncode} and no result")
+    found["checks"] = [SimpleNamespace(**c) for c in found["checks"]]
+    return SimpleNamespace(**found)
 
 
 if __name__ == "__main__":
