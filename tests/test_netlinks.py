@@ -635,6 +635,51 @@ def test_a_burst_of_connections_costs_a_few_lookup_threads_not_one_each():
 
 
 @pytest.mark.cluster
+@pytest.mark.skipif(os.getuid() != 0, reason="connecting as another user needs root")
+def test_another_users_connection_is_told_apart_without_reading_any_descriptors():
+    """Issue 22 item 12: each stranger's connection cost the kernel a read of every cluster process's
+    descriptors (about 45 ms on a busy machine). The socket table says who owns the other end: a
+    connection of another user is nobody of ours, known from that one read."""
+    import pwd
+
+    task = Task()
+    scans = []
+
+    def owners(pids: set[int]) -> dict[int, int]:
+        scans.append(pids)
+        return traffic.socket_inodes(pids)
+
+    shaper = netshape.Shaper(sources=lambda: {os.getpid(): netshape.KERNEL}, owners=owners)
+    port = free_port()
+    nobody = pwd.getpwnam("nobody").pw_uid
+    stranger = None
+    try:
+        shaper.route("ps:0", port, f"127.0.0.1:{task.port}", LinkModel())
+        # bash's /dev/tcp: this Python's interpreter lives where another user cannot run it
+        hold = f"exec 3<>/dev/tcp/127.0.0.1/{port}; exec sleep 30"
+        stranger = subprocess.Popen(["/bin/bash", "-c", hold], user=nobody, cwd="/")
+        poll_for(lambda: shaper.lookups >= 1, 20, what="the stranger's connection looked up")
+        assert scans == [], "another user's connection needed no descriptor scan"
+        assert shaper.routes()["ps:0"]["connections"] == {"unknown": 1}, "and it is nobody's of the cluster"
+        mine = socket.create_connection(("127.0.0.1", port))  # the kernel's own: still found, by a scan
+        poll_for(lambda: shaper.lookups >= 2, 20, what="the kernel's connection looked up")
+        assert len(scans) == 1
+        poll_for(
+            lambda: shaper.routes()["ps:0"]["connections"] == {"unknown": 1, netshape.KERNEL: 1},
+            10,
+            what="the kernel's connection counted as the kernel's",
+        )
+        mine.close()
+    finally:
+        if stranger is not None:
+            stranger.kill()
+            stranger.wait(10)
+        shaper.kill()
+        task.close()
+    assert_gone([shaper.pid] + ([stranger.pid] if stranger else []), timeout=10)
+
+
+@pytest.mark.cluster
 def test_adding_a_task_the_network_would_shape_is_refused_in_one_line():
     """`--net "ps:*"` then `add ps` left ps:1 without a relay and said nothing."""
     import tfmagic

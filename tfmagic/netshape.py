@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import queue
 import sys
 import threading
@@ -80,7 +81,7 @@ from .netmodel import (  # noqa: F401 - the vocabulary, read as the relay's (net
     parse_rate,
     parse_target,
 )
-from .sockets import connection_inode
+from .sockets import connection
 
 __all__ = ["BadNet", "LinkModel", "NetModels", "Shaper", "parse_net", "parse_rate", "parse_target"]
 
@@ -276,10 +277,13 @@ class Shaper:
             return None
         t0 = time.perf_counter()
         try:
-            sources = self._sources()
-            inode = connection_inode((peer[0], int(peer[1])), (local[0], int(local[1])))
-            if not inode:  # no row, or a row no process holds (TIME_WAIT, FIN_WAIT: inode 0)
+            found = connection((peer[0], int(peer[1])), (local[0], int(local[1])))
+            if not found or not found[0]:  # no row, or a row no process holds (TIME_WAIT, FIN_WAIT: inode 0)
                 return CLOSED
+            inode, uid = found
+            if uid != os.getuid():  # another user's: none of ours, known without reading descriptors
+                return None
+            sources = self._sources()
             pid = self._owners(set(sources)).get(inode)
             return sources.get(pid) if pid is not None else None
         finally:

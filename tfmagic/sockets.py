@@ -87,23 +87,47 @@ def holder(inodes: set[int]) -> int | None:
 
 def connection_inode(local: tuple[str, int], remote: tuple[str, int]) -> int | None:
     """The inode of the TCP socket bound to ``local`` and connected to ``remote``."""
-    want_port = f"{local[1]:04X}"
-    want = (_plain(local[0]), local[1], _plain(remote[0]), remote[1])
-    for fields, family in _rows():
-        if (
-            fields[1].endswith(want_port)
-            and (*_address(fields[1], family), *_address(fields[2], family)) == want
-        ):
-            return int(fields[9])
+    found = connection(local, remote)
+    return found[0] if found else None
+
+
+def connection(local: tuple[str, int], remote: tuple[str, int]) -> tuple[int, int] | None:
+    """``(inode, uid)`` of the TCP socket bound to ``local`` and connected to ``remote``: the uid owns it.
+
+    The row is found by comparing the table's own text with the two addresses written the way the
+    kernel writes them (each in both tables' forms), not by decoding every row: a relay asked about
+    one connection among hundreds (a stranger's burst) reads the table once and decodes nothing.
+    The uid lets a caller refuse another user's socket without reading any process's descriptors.
+    """
+    wanted = {(mine, theirs) for mine in _spellings(*local) for theirs in _spellings(*remote)}
+    for fields, _family in _rows():
+        if (fields[1], fields[2]) in wanted:
+            return int(fields[9]), int(fields[7])
     return None
 
 
-def _address(text: str, family: int) -> tuple[str, int]:
-    """``0100007F:1F90`` -> (``127.0.0.1``, 8080): /proc/net/tcp writes each 32-bit word in host order."""
-    hexip, _, hexport = text.partition(":")
-    raw = bytes.fromhex(hexip)
-    raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4)) if sys.byteorder == "little" else raw
-    return _plain(socket.inet_ntop(family, raw)), int(hexport, 16)
+def _spellings(host: str, port: int) -> list[str]:
+    """``127.0.0.1``, 8080 -> ``["0100007F:1F90", "0000000000000000FFFF00000100007F:1F90"]``: how
+    ``/proc/net/tcp`` (one 32-bit word) and ``tcp6`` (an IPv4-mapped address) write it.  Each 32-bit
+    word is in host order."""
+    host = _plain(host)
+    forms = []
+    try:
+        v4 = socket.inet_pton(socket.AF_INET, host)
+        forms = [v4, socket.inet_pton(socket.AF_INET6, "::ffff:" + host)]
+    except OSError:
+        try:
+            forms = [socket.inet_pton(socket.AF_INET6, host)]
+        except OSError:
+            return []
+    little = sys.byteorder == "little"
+    return [
+        "".join(
+            (raw[i : i + 4][::-1] if little else raw[i : i + 4]).hex().upper() for i in range(0, len(raw), 4)
+        )
+        + f":{port:04X}"
+        for raw in forms
+    ]
 
 
 def _plain(host: str) -> str:
