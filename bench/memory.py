@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 
 import tfmagic
-from tfmagic.procstats import human_bytes, memory_of
+from tfmagic.procstats import memory_of
+from tfmagic.units import human_bytes
 
 
 def main() -> None:

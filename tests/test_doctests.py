@@ -15,6 +15,8 @@ MODULES = [
     "tfmagic.magics.verbs",
     "tfmagic.gilshare",
     "tfmagic.pace",
+    "tfmagic.units",
+    "tfmagic.netmodel",
     "tfmagic.training.calibrate",
     "tfmagic.experiments.base",
     "tfmagic.experiments.exponential_steps",

@@ -257,7 +257,7 @@ def _remove(limited: Path) -> None:
 def test_a_process_in_a_limited_cgroup_reports_that_limit_and_the_budget_follows(
     version, limit, expected, budget
 ):
-    from tfmagic.procstats import human_bytes
+    from tfmagic.units import human_bytes
 
     limited, inner = _make_cgroup(version, limit)
     probe = None

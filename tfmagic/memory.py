@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import WillNotFit
-from .procstats import human_bytes
+from .units import human_bytes
 
 #: cgroup v1 writes "no limit" as a huge number (about 2**63, rounded to pages).
 _V1_UNLIMITED = 2**60

@@ -9,11 +9,11 @@ for what is wrong) and reports them; the relay that keeps them is
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 
 from .errors import BadNet
+from .units import parse_delay, parse_rate
 
 __all__ = [
     "CLOSED",
@@ -29,77 +29,9 @@ __all__ = [
     "parse_target",
 ]
 
-_RATE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?)\s*(bit|kbit|mbit|gbit|bps|kbps|mbps|gbps)\s*$", re.I | re.A)
-_DELAY = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(ms|s|us)?\s*$", re.I | re.A)
-_UNITS = {
-    "bit": 1 / 8,
-    "kbit": 1e3 / 8,
-    "mbit": 1e6 / 8,
-    "gbit": 1e9 / 8,
-    "bps": 1.0,
-    "kbps": 1e3,
-    "mbps": 1e6,
-    "gbps": 1e9,
-}
 #: what the relay can pass each way on this kind of machine (measured with plain sockets through a relay
 #: with no limit, 64 MB each way: 170-210 MB/s, against 500-550 MB/s for loopback); above it the model is not kept
 RELAY_LIMIT_BYTES_S = 200e6
-
-
-def parse_rate(text: str | float | None) -> float | None:
-    """Bytes per second from tc's units: ``100mbit`` (megabits/s), ``5mbps`` (megabytes/s); None: no limit.
-
-    >>> parse_rate("100mbit"), parse_rate("5mbps"), parse_rate(None)
-    (12500000.0, 5000000.0, None)
-    """
-    if text is None or (isinstance(text, str) and text.strip().lower() in ("", "none", "off")):
-        return None
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
-        value = _finite(text)
-        if value is None or not value > 0:
-            raise BadNet(f"a rate must be a number of bytes/s > 0, not {_short(text)}")
-        return value
-    m = _RATE.match(str(text))
-    if not m or float(m.group(1)) <= 0:
-        raise BadNet(
-            f"{text!r} is not a rate; write it as tc does, e.g. 100mbit (megabits/s), 1gbit, or 5mbps (megabytes/s)"
-        )
-    return float(m.group(1)) * _UNITS[m.group(2).lower()]
-
-
-def parse_delay(text: str | float | None) -> float:
-    """Seconds of one-way delay.
-
-    >>> parse_delay("2ms"), parse_delay("0ms"), parse_delay(None), parse_delay(0.5)
-    (0.002, 0.0, 0.0, 0.5)
-    """
-    if text is None:
-        return 0.0
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
-        value = _finite(text)
-        if value is None or not value >= 0:
-            raise BadNet(f"a delay must be a number of seconds >= 0, not {_short(text)}")
-        return value
-    m = _DELAY.match(str(text))
-    if not m:
-        raise BadNet(f"{text!r} is not a delay; write it like 2ms or 0.5ms (zero or more)")
-    if m.group(2) is None and float(m.group(1)) != 0:
-        raise BadNet(f"{text!r} has no unit; write {m.group(1)}ms (or {m.group(1)}s, {m.group(1)}us)")
-    return float(m.group(1)) * {"s": 1.0, "ms": 1e-3, "us": 1e-6}[(m.group(2) or "s").lower()]
-
-
-def _finite(number: float) -> float | None:
-    """``number`` as a finite float, or None (an int too big for a float, inf, nan)."""
-    try:
-        value = float(number)
-    except OverflowError:
-        return None
-    return value if math.isfinite(value) else None
-
-
-def _short(number: float) -> str:
-    text = str(number)
-    return text if len(text) <= 24 else f"a number of {len(text)} digits"
 
 
 @dataclass
@@ -240,7 +172,7 @@ class NetModels:
                 "no modelled network: this cluster started without --net; "
                 'start with --net "ps:*" (a relay, no limit) to shape cards and links live'
             )
-        from .procstats import human_bytes
+        from .units import human_bytes
 
         lines = [f"{'card / link':22s} {'model':28s} {'to task':>9s} {'from task':>9s}"]
         for r in self.rows:

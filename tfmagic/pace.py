@@ -35,29 +35,11 @@ from __future__ import annotations
 
 import math
 import random
-import re
 import threading
 from dataclasses import dataclass, field
 
 from .errors import BadPace
-
-_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(ms|s|us)?\s*$", re.ASCII)
-
-
-def parse_seconds(text: str | float | int) -> float:
-    """``"40ms"``, ``"0.04s"``, ``"0.04"`` or ``0.04`` -> 0.04 (seconds); one-line errors."""
-    if isinstance(text, bool):
-        raise BadPace(f"a pace is a duration such as '40ms', not {text!r}")
-    if isinstance(text, (int, float)):
-        value = float(text)
-    else:
-        m = _DURATION.match(str(text))
-        if not m:
-            raise BadPace(f"{text!r} is not a duration; write it like '40ms' or '0.04s'")
-        value = float(m.group(1)) * {"ms": 1e-3, "us": 1e-6, "s": 1.0, None: 1.0}[m.group(2)]
-    if not (value > 0 and math.isfinite(value)):
-        raise BadPace(f"a pace must be a positive duration such as '40ms', not {text!r}")
-    return value
+from .units import parse_seconds
 
 
 @dataclass

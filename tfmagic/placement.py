@@ -103,7 +103,7 @@ class Placement:
         ]
 
     def __str__(self) -> str:
-        from .procstats import human_bytes
+        from .units import human_bytes
 
         lines = [f"placement of cluster {self.cluster}: {len(self.rows)} variables"]
         shares = self.shares()
@@ -157,7 +157,7 @@ class Placement:
         import base64
 
         from .plots import png_bytes
-        from .procstats import human_bytes
+        from .units import human_bytes
 
         png = base64.b64encode(png_bytes(self.figure())).decode()
         body = "".join(

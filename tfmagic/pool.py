@@ -20,13 +20,12 @@ such as ``"1.5GB"``, or ``0`` to turn spares off
 from __future__ import annotations
 
 import os
-import re
 import threading
 from itertools import count
 from typing import TYPE_CHECKING
 
 from . import owner
-from .errors import BadArgument
+from .units import parse_bytes
 
 if TYPE_CHECKING:
     from .launchers.base import Launcher
@@ -35,27 +34,6 @@ if TYPE_CHECKING:
 #: Memory one spare costs before we have measured one (PSS measured here:
 #: 0.18 GB beside other TensorFlow processes, 0.37 GB alone; the safe side).
 DEFAULT_SPARE_BYTES = 420 * 2**20
-_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "m": 2**20, "mb": 2**20, "g": 2**30, "gb": 2**30}
-
-
-def parse_bytes(value: int | float | str | None) -> int | str:
-    """``"1.5GB"`` → bytes; ``None``/``"off"``/``0`` → 0; ``"auto"`` stays ``"auto"``."""
-    if value is None:
-        return 0
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if value < 0:
-            raise BadArgument(f"a memory budget cannot be negative ({value})")
-        return int(value)
-    text = str(value).strip().lower()
-    if text in ("auto", ""):
-        return "auto"
-    if text in ("off", "none", "0", "false", "no"):
-        return 0
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kmg]?i?b?)", text)
-    if not m:
-        raise BadArgument(f"{value!r} is not a memory size; write it like '1.5GB', '800MB', 0 or 'auto'")
-    unit = m.group(2).replace("i", "")
-    return int(float(m.group(1)) * _UNITS[unit])
 
 
 def memory_limit() -> int:

@@ -96,26 +96,6 @@ def run_state(pid: int) -> str | None:
     return "running"
 
 
-def human_bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit, size in (("GB", 2**30), ("MB", 2**20), ("kB", 2**10)):
-        if n >= size:
-            return f"{n / size:.2f} {unit}" if unit == "GB" else f"{n / size:.0f} {unit}"
-    return f"{n} B"
-
-
-def human_seconds(s: float | None) -> str:
-    if s is None:
-        return "-"
-    s = int(s)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
-
-
 def listener_of(port: int) -> str | None:
     """``pid 1234 (python3)``: the local process listening on TCP ``port``, if this process may see it.
 

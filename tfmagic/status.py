@@ -11,7 +11,7 @@ import html
 from dataclasses import asdict, dataclass, field
 
 from .errors import UnknownTask
-from .procstats import human_bytes, human_seconds
+from .units import human_bytes, human_seconds
 
 
 @dataclass

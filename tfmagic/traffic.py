@@ -252,7 +252,7 @@ class Traffic:
         return sum(r["bytes"] for r in self.rows if r["src"] == src and r["dst"] == dst)
 
     def __str__(self) -> str:
-        from .procstats import human_bytes
+        from .units import human_bytes
 
         lines = ["src        dst        bytes      now"]
         for r in self.rows:

@@ -15,7 +15,7 @@ import html
 import time
 
 from ..dashdata import STALE_MODES
-from ..procstats import human_bytes
+from ..units import human_bytes
 
 
 def _table(head: tuple[str, ...], rows: list[list[str]], right: tuple[int, ...] = ()) -> str:

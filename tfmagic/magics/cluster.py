@@ -13,9 +13,10 @@ from IPython.display import display
 from .. import owner, session
 from ..backends import BACKENDS, ClusterRequest, check
 from ..errors import ClusterRunning, ClusterStartError, TfmagicError
-from ..pool import default_pool, parse_bytes
-from ..procstats import human_bytes, memory_of
+from ..pool import default_pool
+from ..procstats import memory_of
 from ..spec import ClusterShape
+from ..units import human_bytes, parse_bytes
 from . import render
 from .verbs import Verbs, arg, count, number, positive_count, seconds, unquote, verb
 

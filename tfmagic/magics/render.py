@@ -14,8 +14,8 @@ import time
 
 from .. import client
 from ..cluster import Cluster, StartOutcome
-from ..procstats import human_seconds
 from ..spec import TaskName
+from ..units import human_seconds
 
 #: Python forms in API messages -> what a notebook user types.
 _MAGIC_FORMS = [

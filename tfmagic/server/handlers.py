@@ -22,8 +22,8 @@ from jupyter_server.base.handlers import APIHandler, JupyterHandler
 from jupyter_server.utils import url_path_join
 from tornado import web
 
-from ..procstats import human_bytes
 from ..publish import ENV_DIR, valid_id
+from ..units import human_bytes
 from . import records
 
 #: how often a dashboard page asks for a new frame (the kernel draws at most 4 a second)
