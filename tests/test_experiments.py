@@ -228,13 +228,13 @@ def test_every_experiment_runs_once_in_ci_by_a_lesson_or_here():
 
 @pytest.mark.unit
 def test_the_readme_runs_no_experiment_in_its_test():
-    """The README shows how to run experiments; its snippet test ran stragglers and backup-workers
-    a second time (about 100 s of CI).  Its blocks that run one are marked not run."""
-    from .test_readme import blocks
+    """The README and the docs show how to run experiments; the snippet test ran stragglers and
+    backup-workers a second time (about 100 s of CI).  Their blocks that run one are marked not run."""
+    from .test_readme import snippets
 
-    for line, note, code in blocks():
+    for where, line, note, code in snippets():
         runs = re.search(r"%tf_experiment\s+[a-z]|(?:ex|experiments)\.run\(", code)
-        assert not runs or note.startswith("not run"), f"README line {line} runs an experiment in CI"
+        assert not runs or note.startswith("not run"), f"{where} line {line} runs an experiment in CI"
 
 
 #: The experiments no lesson runs (notebooks 06 and 07 run the others, and their tests check them)
