@@ -54,6 +54,8 @@ class FailurePolicy:
         self._looping = False
         #: why the last move off a leaving ps did not happen (the removal says it); None once one did
         self.move_error: str | None = None
+        #: what the cluster said when its network relay last ended during this run (calls through it broke)
+        self.relay_ended: str | None = None
         elastic.track(self.cluster.id, self)
 
     # -- what the cluster says ------------------------------------------------
@@ -62,6 +64,10 @@ class FailurePolicy:
             # The cluster's tasks are about to be killed: end now, and leave nothing waiting on them.
             self.control.stop(f"stopped: {event.detail}")
             client.gate.drop(self.run.who)
+            return
+        if event.kind == "relay":  # the modelled network's relay ended (and restarted, or not)
+            self.relay_ended = event.detail
+            self.history.add_event(event, step=self.run.step_now())
             return
         task = event.task
         if task is None:
@@ -303,18 +309,45 @@ class FailurePolicy:
             f"to continue from the last checkpoint ({at})."
         )
 
-    def explain(self, exc: Exception) -> TrainingError:
+    def explain(self, exc: Exception, what: str = "training stopped") -> TrainingError:
         """An unexpected error, as the user should read it."""
         lost = [t for t, p in self.cluster.procs.items() if not p.alive]
         if lost:
             return TrainingError(
-                f"training stopped: {', '.join(lost)} is gone ({type(exc).__name__}); restart it and resume()"
+                f"{what}: {', '.join(lost)} is gone ({type(exc).__name__}); restart it and resume()"
             )
         said = doctor.translate(str(exc))
+        relay = f"; {self.relay_ended}" if self.relay_ended else ""
         return TrainingError(
-            f"training stopped: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            f"{what}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             + (f" ({said})" if said else "")
+            + relay
         )
+
+    #: a call that failed while every task lived (its connection broke: the network relay restarted, a
+    #: socket closed) goes out again this many times before the run stops and says why
+    CALL_RETRIES = 5
+
+    def retry_call(self, what: str, exc: Exception, attempt: int) -> bool:
+        """Whether ``what``, which failed with ``exc``, should go out again (recorded as a retry event).
+
+        Only while every task of the cluster lives (a dead one is the failure policy's, elsewhere) and
+        tries remain; each waits a little longer, so a relay that restarts has time to listen again.
+        """
+        if attempt >= self.CALL_RETRIES or self.control.stopping:
+            return False
+        if any(not p.alive for p in self.cluster.procs.values()):
+            return False
+        cause = doctor.translate(str(exc)) or (str(exc).splitlines()[0][:160] if str(exc) else "")
+        relay = " after the network relay restarted" if self.relay_ended else ""
+        self.history.add_event(
+            "retry",
+            None,
+            f"{what} failed{relay} ({type(exc).__name__}: {cause}); sent again",
+            step=self.run.step_now(),
+        )
+        time.sleep(0.2 * 2**attempt)
+        return True
 
     # -- what a step says ---------------------------------------------------------
     def check_loss(self, loss: float, update: int) -> bool:

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import client, waits
-from ..errors import TrainingError
 from ..metrics import GlobalStep, StepRecord
 from .params import clear_executor
 from .steps import Worker, fused_update, make_apply, start_worker_thread
@@ -222,6 +221,7 @@ class SyncLoop:
     def _collect(self, t: int, collected: list[Gradient], wait: int):
         import tensorflow as tf
 
+        attempts = 0  # applies that failed while every task lived (a connection broken under the call)
         while True:
             while len(collected) < self.replicas:
                 if self.control.stopping:
@@ -253,7 +253,7 @@ class SyncLoop:
                 ):
                     _, ps0, ps1 = self.apply(tf.constant(chosen)).numpy()
                 return collected, (a0, ps0, ps1)
-            except Exception:
+            except Exception as exc:
                 clear_executor()
                 if self.control.stopping:
                     return None
@@ -272,7 +272,12 @@ class SyncLoop:
                     # done with step t, the others now read t + 1.
                     return collected, (a0, None, None)
                 if not any(r.worker.lost for r in collected):
-                    raise
+                    # every task lives: the call's connection broke (the relay restarted, a socket closed);
+                    # the gradients are still in their buffers, so the same update goes out again
+                    if not self.policy.retry_call(f"the update of step {t}", exc, attempts):
+                        raise
+                    attempts += 1
+                    continue
                 collected = [r for r in collected if not r.worker.lost]
 
     def was_applied(self, t: int) -> bool:
@@ -405,8 +410,11 @@ class FusedSyncLoop:
 
         done = None  # the updates whose numbers are recorded while the next call runs
         per_call = self.training.config.steps_per_call
-        for t in range(first, last, per_call):
-            if self.control.stopping:
+        t, attempts = first - per_call, 0
+        while True:
+            if attempts == 0:
+                t += per_call
+            if t >= last or self.control.stopping:
                 break
             if self.changed():
                 since = done[3] if done is not None else time.time()  # the last call returned
@@ -429,8 +437,11 @@ class FusedSyncLoop:
                         done = None
                     out = handle.numpy()
             except Exception as exc:  # noqa: BLE001 - a lost task: the policy says what it means
-                self.fail(t, exc)
+                if self.failed(t, exc, attempts):
+                    attempts += 1
+                    continue  # the same updates again: none of them reached the ps
                 return
+            attempts = 0
             done = (t, out, c0, time.time())
             self.training.checkpoint()
         if done is not None:
@@ -469,10 +480,12 @@ class FusedSyncLoop:
         for task in sorted(before - now):
             self.history.add_event("left", task, n, step=t)
 
-    def fail(self, t: int, exc: Exception) -> None:
+    def failed(self, t: int, exc: Exception, attempts: int) -> bool:
+        """True when the call that starts at update ``t`` may go out again: every task lives and the ps
+        holds none of its updates (a connection broke under it). Otherwise raises, saying what was lost."""
         clear_executor()
         if self.control.stopping:
-            return
+            return False
         procs = self.training.cluster.procs
         deadline = time.monotonic() + 1.0  # a task dying right now: give the owner a moment to see it
         for proc in list(procs.values()):
@@ -487,7 +500,10 @@ class FusedSyncLoop:
             if proc is None or not proc.alive:
                 w.lost = True
         self.policy.check_enough_workers(t, len(self.workers))  # raises, naming the lost worker
-        raise TrainingError(f"a sync update failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+        step = self.params.settled_step()
+        if step == t and self.policy.retry_call(f"sync update {t}", exc, attempts):
+            return True
+        raise self.policy.explain(exc, f"sync update {t} failed")
 
     def record(self, t: int, outs, c0: float, c1: float) -> None:
         outs = np.asarray(outs)
