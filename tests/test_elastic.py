@@ -228,6 +228,29 @@ def test_remove_during_sync_the_next_step_has_the_new_replica_count(two_workers,
     assert step_after < 30
 
 
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_worker_removed_while_a_run_starts_is_not_its_worker(two_workers, mode):
+    """A removal waits for the runs already stepping; one that came while a run was still setting up
+    (placing its variables: seconds) went ahead, and the run ended "training stopped: KeyError:
+    'worker:2'" (or sync said worker:2 was lost). Found by the fault soak. The run now starts with the
+    workers there are, and one being removed as it starts is not one of them."""
+    import tfmagic
+
+    cluster = two_workers
+    cluster.add("worker")
+    run = tfmagic.train(cluster, mode, steps=10**6, block=False, name=f"removed-at-start-{mode}")
+    try:
+        cluster.remove("worker:2")
+        n0 = run.history.steps
+        poll_for(lambda: run.history.steps > n0 + 20 or not run.running, 120, what=f"{mode} to step")
+        assert run.running, run.error
+        assert {str(r.task) for r in run.history.records} <= {"worker:0", "worker:1"}
+    finally:
+        run.stop()
+    assert run.error is None, run.error
+    assert run.params.read_step() == len(run.history.global_steps) == run.history.steps
+
+
 def test_sync_shrunk_to_as_many_workers_as_backups_averages_the_one_left_and_says_so(two_workers):
     """One backup, one of two workers removed: each update averaged nothing (about 460 empty
     updates a second, loss NaN). Now the backups in effect drop to the workers left, less one,

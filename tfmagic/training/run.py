@@ -461,8 +461,19 @@ class TrainingRun:
             self.history.add_event("pace", detail=note)
 
     def _setup(self) -> None:
+        from ..cluster import membership
+
         quiet_engine_retracing()
         self.cluster.connect()
+        now = len(self.cluster.tasks("worker"))
+        if now < self.workers_n:
+            # workers removed between train() and here (a removal ends the highest-numbered first, and waits
+            # only for runs already stepping): the run starts with the workers there are, as if started now
+            if now == 0:
+                raise TrainingError(
+                    "the cluster has no worker left; add one (cluster.add('worker')) and train again"
+                )
+            self.workers_n = now
         self.kind = self._choose_kind()
         self.history.config["engine"] = self.kind
         if self.mode == "sync" and self.kind != "fused" and self.config.steps_per_call > 1:
@@ -486,7 +497,13 @@ class TrainingRun:
         for i in range(self.workers_n):
             w = Worker(TaskName("worker", i), i)
             self.policy.workers[w.task] = w
-            if self.cluster.procs[w.task].alive and w.task not in away:
+            proc = self.cluster.procs.get(w.task)
+            if proc is None or membership.departure(self.cluster.id, w.task) is not None:
+                w.retired = w.lost = (
+                    True  # removed, or being removed, as the run starts: not one of its workers
+                )
+                self.history.add_event("left", w.task, "removed as the run started", step=self._start_step)
+            elif proc.alive and w.task not in away:
                 self.place(w)
             else:
                 w.lost = True
