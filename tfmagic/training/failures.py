@@ -205,9 +205,7 @@ class FailurePolicy:
                 self.respread(self.run.step_now(), replace_workers=True, leaving=[task])
             except Exception as exc:  # noqa: BLE001 - the removal sees what is left there and says why
                 clear_executor()
-                self.move_error = (
-                    f"moving them failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-                )
+                self.move_error = f"moving them failed: {type(exc).__name__}: {_said(exc, 200)}"
 
     def begin_loop(self) -> None:
         """The run's loop starts stepping: from now a leaving ps is moved off at one of its pauses."""
@@ -223,9 +221,7 @@ class FailurePolicy:
                     self.respread(self.run.step_now(), replace_workers=False)
                 except Exception as exc:  # noqa: BLE001 - the removal sees what is left there and says why
                     clear_executor()
-                    self.move_error = (
-                        f"moving them failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-                    )
+                    self.move_error = f"moving them failed: {type(exc).__name__}: {_said(exc, 200)}"
                     self._release_leaving()
 
     def _take_leaving(self) -> list[TaskName]:
@@ -319,34 +315,43 @@ class FailurePolicy:
         said = doctor.translate(str(exc))
         relay = f"; {self.relay_ended}" if self.relay_ended else ""
         return TrainingError(
-            f"{what}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-            + (f" ({said})" if said else "")
-            + relay
+            f"{what}: {type(exc).__name__}: {_said(exc)}" + (f" ({said})" if said else "") + relay
         )
 
     #: a call that failed while every task lived (its connection broke: the network relay restarted, a
     #: socket closed) goes out again this many times before the run stops and says why
     CALL_RETRIES = 5
 
-    def retry_call(self, what: str, exc: Exception, attempt: int) -> bool:
+    def retry_call(self, what: str, exc: Exception, attempt: int, reached: int = 0) -> bool:
         """Whether ``what``, which failed with ``exc``, should go out again (recorded as a retry event).
 
         Only while every task of the cluster lives (a dead one is the failure policy's, elsewhere) and
         tries remain; each waits a little longer, so a relay that restarts has time to listen again.
+        ``reached``: updates of the call the ps holds though its reply was lost (counted as applied
+        without a record, and said).
         """
         if attempt >= self.CALL_RETRIES or self.control.stopping:
             return False
         if any(not p.alive for p in self.cluster.procs.values()):
             return False
-        cause = doctor.translate(str(exc)) or (str(exc).splitlines()[0][:160] if str(exc) else "")
+        time.sleep(0.2 * 2**attempt)  # first: by then the relay's end (if that was it) has been told
+        cause = doctor.translate(str(exc)) or _said(exc, 160)
         relay = " after the network relay restarted" if self.relay_ended else ""
+        lost = ""
+        if reached:
+            self.history.unrecorded += reached
+            lost = f"; {reached} of its updates reached the ps, their reply did not"
+            self.history.notes.append(
+                f"{reached} update{'s' if reached > 1 else ''} the ps applied {'have' if reached > 1 else 'has'} "
+                f"no record: {what}'s reply was lost{relay}"
+            )
         self.history.add_event(
             "retry",
             None,
-            f"{what} failed{relay} ({type(exc).__name__}: {cause}); sent again",
+            f"{what} failed{relay} ({type(exc).__name__}: {cause}){lost}; "
+            + ("the rest sent again" if reached else "sent again"),
             step=self.run.step_now(),
         )
-        time.sleep(0.2 * 2**attempt)
         return True
 
     # -- what a step says ---------------------------------------------------------
@@ -398,16 +403,14 @@ class FailurePolicy:
         self.history.add_event(
             "retry",
             w.task,
-            f"{type(exc).__name__}: {doctor.translate(str(exc)) or str(exc).splitlines()[0][:200]}",
+            f"{type(exc).__name__}: {doctor.translate(str(exc)) or _said(exc, 200)}",
             step=self.run.step_now(),
         )
         if "context_id" in str(exc) or "invalid device" in str(exc):
             w.rebuild = True  # the connection was renewed under us
-        if w.errors > 20:
-            self.control.fail(
-                TrainingError(f"{w.task} keeps failing: {type(exc).__name__}: {str(exc).splitlines()[0]}")
-            )
-        time.sleep(0.05)
+        if w.errors > 20:  # about 10 s of waiting (below): a relay restarting takes one or two
+            self.control.fail(TrainingError(f"{w.task} keeps failing: {type(exc).__name__}: {_said(exc)}"))
+        time.sleep(min(1.0, 0.05 * w.errors))  # errors in a row wait longer: a connection coming back
 
     def wait_rejoin(self, w: Worker) -> bool:
         """Wait while ``w`` is lost; True once it can step again."""
@@ -446,6 +449,15 @@ class FailurePolicy:
 
     def all_lost(self) -> bool:
         return all(w.lost for w in self.workers.values())
+
+
+def _said(exc: Exception, limit: int = 300) -> str:
+    """The line of a TensorFlow error that says what happened: a function's error starts with
+    "in user code:" and the traceback of its Python source, and ends with the error itself."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    if lines and lines[0].startswith("in user code"):
+        lines = [ln for ln in lines if "Error" in ln or "error" in ln][-1:] or lines[-1:]
+    return lines[0][:limit] if lines else ""
 
 
 def _kb(n: int) -> str:

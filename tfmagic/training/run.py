@@ -29,7 +29,7 @@ from .failures import FailurePolicy
 from .models import Model, resolve
 from .notes import WorkerNotes
 from .optimizers import Optimizer
-from .params import ParameterStore
+from .params import ParameterStore, clear_executor
 from .schedule import Schedule
 from .steps import Worker, own_executor, place_worker
 
@@ -113,6 +113,10 @@ def measure_pace(cluster) -> float:
         )
 
     return calibrate(cluster, probe)
+
+
+#: what TensorFlow raises when a call's connection broke under it (a relay restarted, a socket closed)
+_BROKEN_CONNECTION = ("UnavailableError", "InternalError", "CancelledError", "AbortedError")
 
 
 class TrainingRun:
@@ -488,6 +492,28 @@ class TrainingRun:
                     f"{t} does not answer ({self.cluster.condition(t)}): the variables cannot live there. "
                     f"Restart it (cluster.restart('{t}', force=True)) and train again"
                 )
+        for attempt in range(FailurePolicy.CALL_RETRIES + 1):
+            try:
+                self._place_everything(away, membership)
+                break
+            except Exception as exc:  # a broken connection is tried again, the rest raised
+                clear_executor()
+                # every task lives, yet a call failed: its connection broke (the network relay restarted
+                # as the run set up); placing starts again, from new variables
+                if type(exc).__name__ not in _BROKEN_CONNECTION or not self.policy.retry_call(
+                    "setting up the run", exc, attempt
+                ):
+                    raise
+        if self.config.logdir is not None and self._writer is None:
+            from ..tensorboard import Writer
+
+            self._writer = Writer(self.config.logdir / self.name, self.history, run=self)
+        self.history.add_event(
+            "start", detail=f"{self.mode}, {self.workers_n} workers", step=self._start_step
+        )
+
+    def _place_everything(self, away: set, membership) -> None:
+        """The run's variables on the ps, and each worker's input, state and step functions."""
         init = self.initial_weights or self.model.initial_weights(self.config.seed)
         self.params.place(init, self._start_step, self._slots)
         self.history.layout = self.layout()
@@ -499,21 +525,13 @@ class TrainingRun:
             self.policy.workers[w.task] = w
             proc = self.cluster.procs.get(w.task)
             if proc is None or membership.departure(self.cluster.id, w.task) is not None:
-                w.retired = w.lost = (
-                    True  # removed, or being removed, as the run starts: not one of its workers
-                )
+                # removed, or being removed, as the run starts: not one of its workers
+                w.retired = w.lost = True
                 self.history.add_event("left", w.task, "removed as the run started", step=self._start_step)
             elif proc.alive and w.task not in away:
                 self.place(w)
             else:
                 w.lost = True
-        if self.config.logdir is not None and self._writer is None:
-            from ..tensorboard import Writer
-
-            self._writer = Writer(self.config.logdir / self.name, self.history, run=self)
-        self.history.add_event(
-            "start", detail=f"{self.mode}, {self.workers_n} workers", step=self._start_step
-        )
 
     def layout(self) -> list[tuple]:
         """(name, task, shape, dtype, bytes) of every variable of the run, where it lives now."""

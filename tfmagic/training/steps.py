@@ -219,6 +219,12 @@ def place_worker(
         w.fn_first, w.fn, w.fn_last = (
             kept(f) for f in paced_steps(model, params, take, state, counter, ring, limit, pending)
         )
+        # Traced now, while every task answers: tracing registers a function on every task of the
+        # cluster, holding the GIL, and `last` was first traced when a worker's last step ended, mid-run;
+        # with a task stopped (SIGSTOP, a frozen machine) that froze this whole process (the fault soak)
+        with client.gate.call(who), tf.device(w.task.device):
+            for fn in (w.fn_first, w.fn, w.fn_last):
+                fn.get_concrete_function()
     w.rebuild = False
     w.errors = 0
 

@@ -437,10 +437,12 @@ class FusedSyncLoop:
                         done = None
                     out = handle.numpy()
             except Exception as exc:  # noqa: BLE001 - a lost task: the policy says what it means
-                if self.failed(t, exc, attempts):
-                    attempts += 1
-                    continue  # the same updates again: none of them reached the ps
-                return
+                held = self.failed(t, exc, attempts, per_call)
+                if held is None:
+                    return
+                attempts += 1
+                t += held  # those reached the ps (their reply was lost); the call goes out for the rest
+                continue
             attempts = 0
             done = (t, out, c0, time.time())
             self.training.checkpoint()
@@ -480,12 +482,16 @@ class FusedSyncLoop:
         for task in sorted(before - now):
             self.history.add_event("left", task, n, step=t)
 
-    def failed(self, t: int, exc: Exception, attempts: int) -> bool:
-        """True when the call that starts at update ``t`` may go out again: every task lives and the ps
-        holds none of its updates (a connection broke under it). Otherwise raises, saying what was lost."""
+    def failed(self, t: int, exc: Exception, attempts: int, per_call: int) -> int | None:
+        """After the call for updates ``t`` .. ``t + per_call - 1`` failed: how many of them the ps holds
+        when it may go on (every task lives: the call's connection broke, e.g. the relay restarted), None
+        when the run is stopping. Otherwise raises, saying what was lost.
+
+        Updates the ps holds whose reply was lost are counted, not made up: ``History.unrecorded``.
+        """
         clear_executor()
         if self.control.stopping:
-            return False
+            return None
         procs = self.training.cluster.procs
         deadline = time.monotonic() + 1.0  # a task dying right now: give the owner a moment to see it
         for proc in list(procs.values()):
@@ -500,9 +506,12 @@ class FusedSyncLoop:
             if proc is None or not proc.alive:
                 w.lost = True
         self.policy.check_enough_workers(t, len(self.workers))  # raises, naming the lost worker
-        step = self.params.settled_step()
-        if step == t and self.policy.retry_call(f"sync update {t}", exc, attempts):
-            return True
+        step = self.params.settled_step(attempts=50)  # a restarting relay answers again within seconds
+        if step is not None and t <= step <= t + per_call:
+            held = step - t
+            what = f"sync update {t}" if per_call == 1 else f"sync updates {t}-{t + per_call - 1}"
+            if self.policy.retry_call(what, exc, attempts, reached=held):
+                return held
         raise self.policy.explain(exc, f"sync update {t} failed")
 
     def record(self, t: int, outs, c0: float, c1: float) -> None:
