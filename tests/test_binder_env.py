@@ -4,7 +4,7 @@
 environment, ``pip install -r binder/requirements.txt`` (which installs tfmagic itself, not
 editable), then notebooks in a kernel of that environment with no SSH hosts and no Spark.
 Here it runs the index and notebook 01 (the one the Binder badge opens); every notebook is
-run that way by ``python binder/check.py`` (figures in the README). Needs PyPI (or its mirror).
+run that way by ``python binder/check.py`` (figures in docs/server.md). Needs PyPI (or its mirror).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ PEAK_LIMIT = 1.8e9
 def execute(name: str) -> nbformat.NotebookNode:
     """Run a notebook in a real kernel; its peak memory (PSS of the kernel and every process below
     it, sampled twice a second) is checked against :data:`PEAK_LIMIT` and kept in
-    ``test-artifacts/notebooks/memory.json`` (the README's table comes from ``bench/notebook_memory.py``).
+    ``test-artifacts/notebooks/memory.json`` (the table in docs/server.md comes from ``bench/notebook_memory.py``).
 
     A kernel that aborts inside TensorFlow (issue 22 item 11: TensorFlow's eager runtime, about once
     in a CI run, in a kernel that trains; the cause is not found yet) is recorded in

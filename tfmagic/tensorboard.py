@@ -30,7 +30,7 @@ kernel (it dies with its parent, and the kernel's exit handlers end it too).
 
 What stays open: TensorBoard itself has no login, so any process of any
 user on this machine can read its data at ``127.0.0.1:<port>`` (the
-README's Security section says so).  Its port is not chosen in advance: it
+docs/security.md says so).  Its port is not chosen in advance: it
 is given ``--port=0`` and the operating system picks one as it binds, and
 tfmagic reads the port from the listening socket TensorBoard's own process
 holds.  A port picked first and bound seconds of import later could be

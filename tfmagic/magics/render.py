@@ -113,10 +113,7 @@ def started(cluster: Cluster, outcome: StartOutcome) -> str:
 
 
 def security(cluster: Cluster) -> str:
-    return (
-        f"Security: {cluster.launcher.security_note()}; {client.server_note()}. "
-        "See the README's Security section."
-    )
+    return f"Security: {cluster.launcher.security_note()}; {client.server_note()}. See docs/security.md."
 
 
 _security_said: set[str] = set()
