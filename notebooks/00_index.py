@@ -28,8 +28,8 @@
 # machine can do that; run the cell again). The last cell counts them. The committed outputs come from runs
 # in which every check held.
 #
-# *minutes*: a student's time with the lesson; *runs in*: its cells top to bottom on a 2-core machine, as
-# measured by its test (05 with SSH hosts and Spark).
+# *minutes*: a student's time with the lesson; *runs in*: its cells top to bottom on a 2-core machine
+# (05 with SSH hosts and Spark).
 #
 # | notebook | you will learn | minutes | runs in | needs |
 # | --- | --- | --- | --- | --- |
@@ -38,7 +38,7 @@
 # | [03 · Stragglers and failures](03_stragglers_and_failures.ipynb) | one slow worker paces sync; backup workers; what a dead worker does to each mode | 25 | 2.6 min | 02 |
 # | [04 · Between-graph](04_between_graph.ipynb) | the source articles' TF1 programs in every task; TF2's `ParameterServerStrategy` and all-reduce | 20 | 1.4 min | 01 |
 # | [05 · Beyond one machine](05_beyond_one_machine.ipynb) | the same cluster over SSH and Spark; attaching to a cluster someone else started | 20 | 39 s | 01; SSH hosts or Spark for parts |
-# | [06 · The classic experiments](06_classic_experiments.ipynb) | six textbook claims, measured and checked against what was published | 30 | 5.1 min | 02, 03 |
+# | [06 · The classic experiments](06_classic_experiments.ipynb) | six textbook claims, measured and checked against what was published | 30 | 2.7 min | 02, 03 |
 # | [07 · Inside the cluster](07_inside_the_cluster.ipynb) | where every variable lives, what moves over each link, who waits on whom when it hangs | 20 | 1.6 min | 01 |
 # | [08 · What else the source articles ask](08_from_the_seeds.ipynb) | a ps on the CPU and a GPU per worker; model parallelism; resizing a running cluster; TensorFlowOnSpark's `map_fun(args, ctx)` in tfmagic; TensorBoard's weight histograms; each worker its own batch size | 20 | 1.1 min | 01, 04 |
 #
@@ -52,7 +52,7 @@
 #
 # **On Binder** (the badge in the README), every notebook runs top to bottom; the parts that need
 # SSH hosts or Spark (in 05) say so in one line and are skipped. Binder gives 1 GB of memory for sure
-# and up to 2 GB: the cell below tells you what this machine has, and the README lists each
+# and up to 2 GB: the cell below tells you what this machine has, and docs/server.md lists each
 # notebook's measured peak.
 
 # %%
@@ -70,7 +70,7 @@ print(
     f"memory: {memory.memory_available() / 2**30:.1f} GB available now, "
     f"at most {limit.bytes / 2**30:.1f} GB ({limit.source})"
 )
-print("a cluster of 1 ps + 2 workers and this kernel take about 1.0 GB (PSS; README, Memory)")
+print("a cluster of 1 ps + 2 workers and this kernel take about 1.0 GB (PSS; docs/operations.md)")
 
 # %% [markdown]
 # ## How to use these notebooks

@@ -71,8 +71,8 @@ print(
 # once here (the ps keeps serving after the cell). The model is article 004's line y = 2x + 10, each worker on its
 # own shard of tfmagic's `Linear` data; `report(step=..., loss=...)` feeds tfmagic's metrics.
 #
-# Two tfmagic defaults keep this fast on one machine (documented in the README): non-chief sessions look for the
-# chief every second (TF: 30 s), and a session closes after 2 s even if the chief's queue runner still waits for
+# Two tfmagic defaults keep this fast on one machine (documented in docs/px.md): non-chief sessions look for the
+# chief every 0.1 s (TF: 30 s), and a session closes after 2 s even if the chief's queue runner still waits for
 # gradients (TF: 120 s).
 
 # %% [markdown]

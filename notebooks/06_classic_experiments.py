@@ -21,12 +21,12 @@
 # clusters, trains on them, and compares what it **measured** with what was **published**. The verdict
 # is computed from the figures, never typed in; when a claim does not hold, the result says why.
 # (`%tf_experiment` also lists three not run here: `elastic`, scaling again in one async run while workers
-# join one by one up to 4 and leave again, about 90 s; `ps-bottleneck`, which notebook 07 runs; and
+# join one by one up to 4 and leave again, about 70 s; `ps-bottleneck`, which notebook 07 runs; and
 # `exponential-steps`, Dutta et al.'s expected update times when step times are exponential: a sync
-# update of n workers waits μ·H_n, which grows as ln n with no straggler at all, about 100 s.)
+# update of n workers waits μ·H_n, which grows as ln n with no straggler at all, about 125 s.)
 #
 # The clusters are **paced** (`tfmagic.pace`): each worker is a modelled machine whose step takes
-# 400 ms (with a 10 % jitter, seeded), however many processes share this machine's two cores. So four
+# 200 ms (with a 10 % jitter, seeded), however many processes share this machine's two cores. So four
 # workers behave like four machines, and a worker slowed 4 times is a machine 4 times slower, not a
 # process that fights the others for the CPU. Each experiment keeps to 150 s and 2 GB (this kernel
 # and its tasks); this notebook keeps to 1.8 GB, so phases that would need more are skipped, and say so.
@@ -244,18 +244,18 @@ lesson.summary()
 #
 # <details><summary>Solutions (click to open)</summary>
 #
-# 1. A little under 8, and the experiment still holds. One run here (seed 1): 444 ms per sync update unslowed,
-#    3,040 ms with worker:2 eight times slower, a ratio of 6.8. The unslowed update already waits for the
-#    slowest of three jittery machines (11 % over the 400 ms pace), the slowed one for one machine whose step
+# 1. A little under 8, and the experiment still holds. One run here (seed 1): 221 ms per sync update unslowed,
+#    1,520 ms with worker:2 eight times slower, a ratio of 6.9. The unslowed update already waits for the
+#    slowest of three jittery machines (10 % over the 200 ms pace), the slowed one for one machine whose step
 #    is eight paces. Async's verdict does not change: the two others kept at least 91 % of their pace and
-#    worker:2 12 %, so the total fell to 0.67 of its unslowed rate, near (2 + 1/8) / 3 = 0.71. How slow the
+#    worker:2 12 %, so the total fell to 0.69 of its unslowed rate, near (2 + 1/8) / 3 = 0.71. How slow the
 #    straggler is changes only its own share, because nobody waits for it.
 # 2. With bound 0 no worker may start a step before every other has its previous update on the ps: SSP becomes
 #    lock-step, like sync but without sync's average, so it pays sync's waiting and gains nothing for it. One
-#    run here: 4.9 worker steps/s against sync's 5.4 and async's 9.3 (0.53 of async's speed: the experiment's
+#    run here: 9.6 worker steps/s against sync's 10.7 and async's 18.3 (0.53 of async's speed: the experiment's
 #    speed checks fail, as they should), and its worst staleness was 3, exactly what the rule allows,
-#    (2 · 0 + 1) · 3. With bound 5: 7.4 steps/s (0.79 of async's) and a worst staleness of 18 (the rule allows
-#    33; async's worst was 38). A small bound (the experiment's 3) keeps most of async's speed and cuts the
+#    (2 · 0 + 1) · 3. With bound 5: 14.4 steps/s (0.79 of async's) and a worst staleness of 19 (the rule allows
+#    33; async's worst was 39). A small bound (the experiment's 3) keeps most of async's speed and cuts the
 #    long tail the stalled worker gives async; the larger the bound, the more of that tail comes back.
 #
 # </details>

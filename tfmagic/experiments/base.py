@@ -28,7 +28,7 @@ TIME_LIMIT = 150.0
 #: ... in this much memory: the kernel (or script) and every task it started, PSS
 MEMORY_LIMIT = 2 * 1000**3
 #: the modelled machines' step time: long enough that 2 shared cores keep it with 4 workers
-PACE = 0.4
+PACE = 0.2
 #: the spread of a modelled step's time (log standard deviation): machines are not clocks
 JITTER = 0.1
 
