@@ -240,8 +240,11 @@ run = tfmagic.train(cluster, mode="sync", steps=400, block=False, events="30: ki
 try:
     run.wait()
 except TrainingError as e:
-    print(f"{time.time() - kills[0]:.2f} s after the kill: {e}")
-    lesson.expect(time.time() - kills[0], at_most=3, claim="sync says at once that it cannot go on")
+    noticed = time.time()
+    while not kills and time.time() - noticed < 2:  # the cluster records the kill as the process ends:
+        time.sleep(0.01)  # the run can say so first
+    print(f"{noticed - kills[0]:.2f} s after the kill: {e}")
+    lesson.expect(noticed - kills[0], at_most=3, claim="sync says at once that it cannot go on")
 else:
     lesson.expect(False, claim="sync without backups stops when a worker dies")
 finally:

@@ -298,7 +298,9 @@ def c3(cluster3):
 
 
 def test_sync_with_a_backup_worker_drops_the_stragglers_gradients(c3):
-    c3.slow("worker:2", 8)
+    # 4: the throttle keeps the share it is asked for since 2026-11-27 (asked for 1/8 it gave about 1/4
+    # before); at 1/8 worker:2 finished no step within the run's 200 updates, so none was there to drop
+    c3.slow("worker:2", 4)
     run = run_to_end(c3, "sync", model="digits", steps=200, backup_workers=1)
     h = run.history
     assert h.steps == 200
