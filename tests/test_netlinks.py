@@ -563,23 +563,6 @@ def test_sync_goes_on_when_the_relay_is_killed_under_its_updates(cluster):
 
 
 @pytest.mark.cluster
-def test_a_run_started_as_the_relay_restarts_sets_up_once_it_is_back(cluster):
-    """A run started right after the relay died ended at once, "training stopped: UnavailableError:
-    Socket closed", while it placed its variables through the dead relay (the fault soak). Every task
-    lives: the setup starts again once the relay listens, and says so."""
-    import signal
-
-    import tfmagic
-
-    os.kill(cluster.shaper.pid, signal.SIGKILL)
-    h = tfmagic.train(cluster, "async", model="linear", steps=60, name="relay-restarting")
-    assert h.error is None and h.steps >= 60, h.error
-    retries = [e.detail for e in h.events if e.kind == "retry"]
-    assert all("after the network relay restarted" in d for d in retries), retries
-    poll_for(lambda: cluster.shaper.alive, 15, what="the relay back")
-
-
-@pytest.mark.cluster
 def test_a_rule_undone_applies_at_once_to_the_bytes_already_waiting():
     """1 kbit for a second, then 100 mbit: training resumed only after 77.5 s (the debt built at
     1 kbit); a delay of an hour, then none: queued bytes kept their one-hour release. A change of

@@ -59,6 +59,10 @@ def calibrate(cluster, probe: Callable[[int], History]) -> float:
     cluster.pace = None  # the measuring run goes at the machine's own speed
     try:
         history = probe(STEPS_PER_WORKER * workers)
+        if not history.updates_per_s() and history.steps:
+            # every update came before the last worker's first step ended (the warm-up): too short to
+            # tell a rate from (a CI run measured "0 updates/s" and called the machine too busy)
+            history = probe(3 * STEPS_PER_WORKER * workers)
     finally:
         cluster.pace = pace
     rate = history.updates_per_s()
