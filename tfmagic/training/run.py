@@ -465,8 +465,6 @@ class TrainingRun:
             self.history.add_event("pace", detail=note)
 
     def _setup(self) -> None:
-        from ..cluster import membership
-
         quiet_engine_retracing()
         self.cluster.connect()
         now = len(self.cluster.tasks("worker"))
@@ -494,7 +492,7 @@ class TrainingRun:
                 )
         for attempt in range(FailurePolicy.CALL_RETRIES + 1):
             try:
-                self._place_everything(away, membership)
+                self._place_everything(away)
                 break
             except Exception as exc:  # a broken connection is tried again, the rest raised
                 clear_executor()
@@ -512,8 +510,10 @@ class TrainingRun:
             "start", detail=f"{self.mode}, {self.workers_n} workers", step=self._start_step
         )
 
-    def _place_everything(self, away: set, membership) -> None:
+    def _place_everything(self, away: set) -> None:
         """The run's variables on the ps, and each worker's input, state and step functions."""
+        from ..cluster import membership
+
         init = self.initial_weights or self.model.initial_weights(self.config.seed)
         self.params.place(init, self._start_step, self._slots)
         self.history.layout = self.layout()
