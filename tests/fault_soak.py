@@ -111,7 +111,7 @@ class Soak:
         )
         assert step == len(recorded) + unrecorded, f"updates lost or counted twice: {step} vs {len(recorded)}"
         assert len(set(recorded)) == len(recorded), "an update recorded twice"
-        assert not unrecorded or any("have no record" in n for n in h.notes), "unrecorded updates are said"
+        assert not unrecorded or any(" no record" in n for n in h.notes), "unrecorded updates are said"
 
     def add(self) -> None:
         if len(self.workers()) >= 3:
