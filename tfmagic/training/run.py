@@ -492,7 +492,7 @@ class TrainingRun:
                 )
         for attempt in range(FailurePolicy.CALL_RETRIES + 1):
             try:
-                self._place_everything(away)
+                left = self._place_everything(away)
                 break
             except Exception as exc:  # a broken connection is tried again, the rest raised
                 clear_executor()
@@ -502,6 +502,8 @@ class TrainingRun:
                     "setting up the run", exc, attempt
                 ):
                     raise
+        for task in left:  # once, from the attempt that placed everything
+            self.history.add_event("left", task, "removed as the run started", step=self._start_step)
         if self.config.logdir is not None and self._writer is None:
             from ..tensorboard import Writer
 
@@ -510,8 +512,9 @@ class TrainingRun:
             "start", detail=f"{self.mode}, {self.workers_n} workers", step=self._start_step
         )
 
-    def _place_everything(self, away: set) -> None:
-        """The run's variables on the ps, and each worker's input, state and step functions."""
+    def _place_everything(self, away: set) -> list[TaskName]:
+        """The run's variables on the ps, and each worker's input, state and step functions; returns
+        the workers removed (or being removed) as the run starts, which are not its workers."""
         from ..cluster import membership
 
         init = self.initial_weights or self.model.initial_weights(self.config.seed)
@@ -520,6 +523,7 @@ class TrainingRun:
         if self.kind == "sync":
             self.params.make_buffers(self.workers_n)
         self.policy.workers = {}
+        left = []
         for i in range(self.workers_n):
             w = Worker(TaskName("worker", i), i)
             self.policy.workers[w.task] = w
@@ -527,11 +531,12 @@ class TrainingRun:
             if proc is None or membership.departure(self.cluster.id, w.task) is not None:
                 # removed, or being removed, as the run starts: not one of its workers
                 w.retired = w.lost = True
-                self.history.add_event("left", w.task, "removed as the run started", step=self._start_step)
+                left.append(w.task)
             elif proc.alive and w.task not in away:
                 self.place(w)
             else:
                 w.lost = True
+        return left
 
     def layout(self) -> list[tuple]:
         """(name, task, shape, dtype, bytes) of every variable of the run, where it lives now."""
