@@ -119,6 +119,18 @@ def measure_pace(cluster) -> float:
 _BROKEN_CONNECTION = ("UnavailableError", "InternalError", "CancelledError", "AbortedError")
 
 
+def _retrying(policy: FailurePolicy, what: str, fn):
+    """``fn()``, started again from the beginning while it fails on a broken connection and the policy
+    allows another try (:meth:`FailurePolicy.retry_call`: every task alive, tries left); else raised."""
+    for attempt in range(FailurePolicy.CALL_RETRIES + 1):
+        try:
+            return fn()
+        except Exception as exc:  # a broken connection is tried again, the rest raised
+            clear_executor()
+            if type(exc).__name__ not in _BROKEN_CONNECTION or not policy.retry_call(what, exc, attempt):
+                raise
+
+
 class TrainingRun:
     """One training run on a cluster; :func:`tfmagic.train` makes and starts it.
 
@@ -490,18 +502,8 @@ class TrainingRun:
                     f"{t} does not answer ({self.cluster.condition(t)}): the variables cannot live there. "
                     f"Restart it (cluster.restart('{t}', force=True)) and train again"
                 )
-        for attempt in range(FailurePolicy.CALL_RETRIES + 1):
-            try:
-                left = self._place_everything(away)
-                break
-            except Exception as exc:  # a broken connection is tried again, the rest raised
-                clear_executor()
-                # every task lives, yet a call failed: its connection broke (the network relay restarted
-                # as the run set up); placing starts again, from new variables
-                if type(exc).__name__ not in _BROKEN_CONNECTION or not self.policy.retry_call(
-                    "setting up the run", exc, attempt
-                ):
-                    raise
+        # every task lives, yet a call may fail: its connection broke (the relay restarted as the run set up)
+        left = _retrying(self.policy, "setting up the run", lambda: self._place_everything(away))
         for task in left:  # once, from the attempt that placed everything
             self.history.add_event("left", task, "removed as the run started", step=self._start_step)
         if self.config.logdir is not None and self._writer is None:
