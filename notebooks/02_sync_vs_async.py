@@ -54,6 +54,7 @@
 
 # %%
 import inspect
+from collections import Counter
 
 from IPython.display import Image
 
@@ -227,10 +228,16 @@ lesson.expect(
 # ## Staleness
 #
 # For every async step tfmagic records how many updates *other* workers applied between this worker reading the
-# parameters and applying its gradient. With three workers at the same pace, each gradient meets about one update
-# from each of the two others: a mean near **workers - 1 = 2**. On this paced cluster the three modelled
-# machines are identical, so they step in lock-step and most gradients meet *exactly* one update of each other
-# worker: the histogram is nearly a spike at 2. Give the pace jitter (as above) and it spreads.
+# parameters and applying its gradient. While one worker's gradient is in flight, each of the two others is
+# computing one of its own and applies it once per step: so the mean over all gradients is near
+# **workers - 1 = 2**, and 2 is the most common staleness. On a quiet machine the three modelled machines are
+# identical and the histogram is nearly a spike at 2.
+#
+# The model's steps end at instants; the real calls that end them take a few milliseconds (apply, then read
+# the parameters again). Two updates that land within those milliseconds land in either order, so on a busy
+# machine the spike spreads to 1 and 3. And two workers whose steps come to end together (contended calls can
+# pull them into step) see each other's update only about half the time: their means fall toward 1.5 while
+# the third worker's stays at 2. The cell checks what holds either way.
 
 # %%
 stale = async_.staleness()
@@ -241,13 +248,21 @@ for task, mean in sorted(stale.items()):
         f"{task}: mean staleness {mean:.2f}, {fresh:.0%} of its gradients were fresh, max {max(r.staleness for r in recs)}"
     )
 recs = [r for r in async_.records if not r.warmup]
-for task, mean in sorted(stale.items()):
-    lesson.expect(mean, between=(1.6, 2.4), claim=f"{task}'s mean staleness is near workers - 1 = 2")
-lesson.expect(
-    sum(1 for r in recs if r.staleness == 2) / len(recs),
-    at_least=0.5,
-    claim="most gradients are exactly 2 updates stale",
+counts = Counter(r.staleness for r in recs)
+print(
+    f"all gradients: mean staleness {sum(r.staleness for r in recs) / len(recs):.2f}; how many were k stale:"
 )
+print({k: counts[k] for k in sorted(counts)})
+lesson.expect(
+    sum(r.staleness for r in recs) / len(recs),
+    between=(1.6, 2.4),
+    claim="the mean over all gradients is near 2",
+)
+lesson.expect(counts.most_common(1)[0][0] == 2, claim="2 is the most common staleness")
+for task, mean in sorted(stale.items()):
+    lesson.expect(
+        mean, between=(1.3, 2.5), claim=f"{task}'s mean is near 2, or toward 1.5 if it stepped with another"
+    )
 Image(plots.png_bytes(plots.staleness_figure(async_)))
 
 # %% [markdown]
