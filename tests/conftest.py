@@ -8,6 +8,7 @@ processes are checked afterwards for anything left behind.
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from collections.abc import Callable
 
@@ -25,13 +26,42 @@ os.environ.setdefault("TFMAGIC_SPARES", "0")
 TIERS = ("unit", "cluster", "kernel", "notebook", "browser", "soak", "server")
 
 
+#: The timed lane: tests whose figures need the machine's time (paced clusters, lessons that check
+#: what they print, experiments, soaks). The other lane runs beside it at a lower CPU priority
+#: (:data:`REST_NICE`), so the timed lane sees an almost quiet machine and the rest fills the idle
+#: core. On two cores the suite used 0.85 cores on average in one lane (tests/durations.py).
+TIMED_FILES = {
+    "test_notebooks.py",
+    "test_notebook05.py",
+    "test_experiments.py",
+    "test_soak.py",
+    "test_fault_soak.py",
+    "test_training.py",
+    "test_dashboard.py",
+    # between-graph programs: each worker's share of the steps is what they check
+    "test_px.py",
+    # not timed, but its JVM and Spark tasks fit here without disturbing a lesson (this lane runs
+    # one test at a time): the two lanes took about 1,100 s each in a full run
+    "test_spark.py",
+}
+#: the niceness of the other lane's worker and everything it starts (kernels, tasks, servers)
+REST_NICE = 19
+
+
+def lane(item) -> str:
+    """``timed`` or ``rest``: the xdist group (``--dist loadgroup``) the test runs in."""
+    return "timed" if item.path.name in TIMED_FILES else "rest"
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session, config, items):
-    """Run the fast tier first, and refuse a test that names no tier.
+    """Run the fast tier first, refuse a test that names no tier, and give each test its lane.
 
     Unit tests move to the front (each tier keeps its order, so a module's shared fixtures stay
     together); when one of them fails, the run stops once the unit tier has finished
     (:func:`pytest_runtest_makereport`), so CI reports a broken contract within about two minutes
-    instead of after the notebooks.
+    instead of after the notebooks. Under pytest-xdist (``-n 2``, the default in pyproject.toml)
+    every test joins one of two groups, so each lane runs on one worker in this order.
     """
     unmarked = [item.nodeid for item in items if not any(item.get_closest_marker(t) for t in TIERS)]
     if unmarked:
@@ -41,8 +71,43 @@ def pytest_collection_modifyitems(session, config, items):
         )
     unit = [item for item in items if _is_unit(item)]
     items[:] = unit + [item for item in items if not _is_unit(item)]
-    config.stash[_LAST_UNIT] = unit[-1].nodeid if unit and len(unit) < len(items) else None
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(lane(item)))
+    # each lane's last unit test: a failure stops the run once that lane's unit tests are done
+    config.stash[_LAST_UNIT] = {lane(item): item for item in unit} if len(unit) < len(items) else {}
     config.stash[_UNIT_FAILED] = []
+
+
+#: a file a lane writes when one of its unit tests failed: the other lane stops before its next test
+UNIT_FAILED_FLAG = os.environ.setdefault(
+    "TFMAGIC_TEST_UNIT_FAILED", os.path.join(tempfile.gettempdir(), f"tfmagic-unit-failed-{os.getpid()}")
+)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """The rest lane's worker lowers its priority before its first fixture starts anything; the
+    other lane stops before its next test once a unit test of one lane has failed."""
+    global _NICED
+    if not _NICED and os.environ.get("PYTEST_XDIST_WORKER") and lane(item) == "rest":
+        os.nice(REST_NICE)
+        _NICED = True
+    if os.path.exists(UNIT_FAILED_FLAG):
+        item.session.shouldstop = "a unit test failed in the other lane: the slower tiers were not run"
+        pytest.skip("a unit test failed: fix the fast tier first")
+
+
+_NICED = False
+
+
+def pytest_sessionstart(session):
+    if not os.environ.get("PYTEST_XDIST_WORKER") and os.path.exists(UNIT_FAILED_FLAG):
+        os.remove(UNIT_FAILED_FLAG)  # (a pid of an earlier run)
+
+
+def pytest_sessionfinish(session):
+    if not os.environ.get("PYTEST_XDIST_WORKER") and os.path.exists(UNIT_FAILED_FLAG):
+        os.remove(UNIT_FAILED_FLAG)
 
 
 def _is_unit(item) -> bool:
@@ -81,11 +146,14 @@ def pytest_runtest_makereport(item, call):
     failed = item.config.stash.get(_UNIT_FAILED, None)
     if failed is not None and report.failed and _is_unit(item):
         failed.append(item.nodeid)
-    if call.when == "teardown" and item.nodeid == item.config.stash.get(_LAST_UNIT, None) and failed:
+    last = item.config.stash.get(_LAST_UNIT, {})
+    if call.when == "teardown" and failed and item is last.get(lane(item)):
         item.session.shouldstop = (
             f"{len(failed)} unit test(s) failed (first {failed[0]}): the slower tiers were not run; "
             "fix the fast tier first"
         )
+        with open(UNIT_FAILED_FLAG, "w") as flag:
+            flag.write(failed[0])
     return report
 
 

@@ -26,7 +26,19 @@ HEAVIEST_FIRST = ("notebook", "browser", "server", "soak", "kernel", "cluster", 
 def node_ids(marker: str) -> set[str]:
     """The test ids ``-m marker`` selects (collection only: nothing runs)."""
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", marker, "-p", "no:cacheprovider"],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-n",
+            "0",
+            "-m",
+            marker,
+            "-p",
+            "no:cacheprovider",
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -43,7 +55,8 @@ def main() -> None:
     cpu: dict[str, float] = {}
     for case in ET.parse(args.xml).getroot().iter("testcase"):
         path = case.get("classname", "").replace(".", "/") + ".py"
-        nid = f"{path}::{case.get('name')}"
+        name = case.get("name", "").removesuffix("@timed").removesuffix("@rest")  # the xdist lane
+        nid = f"{path}::{name}"
         times[nid] = float(case.get("time", 0))
         for prop in case.iter("property"):
             if prop.get("name") == "cpu_s":

@@ -468,7 +468,9 @@ def started(kernel):
 
 
 def _files():
-    d = Path(tempfile.mkdtemp(prefix="tfmagic-abuse-"))
+    # one fixed name: the test ids carry it, and pytest-xdist's two lanes must collect the same ids
+    d = Path(tempfile.gettempdir()) / f"tfmagic-abuse-{os.getuid()}"
+    d.mkdir(exist_ok=True)
     (d / "binary.json").write_bytes(bytes(range(256)))
     (d / "afile").write_text("x")
     return d

@@ -87,6 +87,11 @@ __all__ = ["BadNet", "LinkModel", "NetModels", "Shaper", "parse_net", "parse_rat
 
 _serials = itertools.count(1)
 
+
+class _RelayEnded(Exception):
+    """The relay process ended under a request (said as a :class:`BadNet` if it stays down)."""
+
+
 #: how long a request to the relay may take before the relay is said not to answer
 ASK_TIMEOUT_S = 10.0
 
@@ -291,10 +296,36 @@ class Shaper:
                 self.lookups += 1
                 self.lookup_s += time.perf_counter() - t0
 
+    #: how long a request waits for a relay that ended on its own to be started again
+    RESTART_WAIT_S = 10.0
+
     def _ask(self, **msg) -> dict:
+        """Send one request and return its answer; a relay that ended on its own is waited for
+        while its reader thread starts it again (:meth:`_ended`), and the request sent once more:
+        a card changed just after a kill was refused ("has ended") a moment before the relay was
+        back."""
+        for attempt in (1, 2):
+            reader = self._reader
+            mine = reader is threading.current_thread()  # restart() re-sending routes and models
+            # (after an end seen under the request: its process may not be reaped yet, so `alive`
+            # may still say yes; its reader knows)
+            if (attempt == 2 or not self.alive) and not self._closing and not mine:
+                reader.join(self.RESTART_WAIT_S)
+            try:
+                reply = self._ask_once(dict(msg))
+            except _RelayEnded as ended:
+                if attempt == 2 or self._closing or mine:
+                    raise BadNet(str(ended)) from None
+                continue
+            if reply.get("event") == "error":
+                raise BadNet(f"the network relay refused {msg['op']}: {reply.get('message')}")
+            return reply
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _ask_once(self, msg: dict) -> dict:
         with self._ask_lock:
             if not self.alive:
-                raise BadNet(
+                raise _RelayEnded(
                     f"the network relay (pid {self.pid}) has ended; cluster.restart_relay() starts it"
                 )
             if self.state() == "stopped":  # it would not answer: say so now, not after ASK_TIMEOUT_S
@@ -306,7 +337,7 @@ class Shaper:
             try:
                 self._write(msg)
             except (OSError, ValueError):
-                raise BadNet(
+                raise _RelayEnded(
                     f"the network relay (pid {self.pid}) has ended; cluster.restart_relay() starts it"
                 ) from None
             deadline = time.monotonic() + ASK_TIMEOUT_S
@@ -319,12 +350,9 @@ class Shaper:
                     ) from None
                 if reply is None:
                     self._replies.put(None)  # every later request sees the end too
-                    raise BadNet(f"the network relay refused {msg['op']}: it ended")
+                    raise _RelayEnded(f"the network relay refused {msg['op']}: it ended")
                 if reply.get("id") == ask:
-                    break  # (a late answer to a request that timed out is dropped)
-        if reply.get("event") == "error":
-            raise BadNet(f"the network relay refused {msg['op']}: {reply.get('message')}")
-        return reply
+                    return reply  # (a late answer to a request that timed out is dropped)
 
     # -- routes and models -----------------------------------------------------------
     def route(self, name: str, listen: int, target: str, model: LinkModel) -> None:

@@ -353,6 +353,10 @@ class TaskSet:
         if proc.pid is not None:
             self._killed_on_purpose.add(proc.pid)
 
+    def was_ended_on_purpose(self, proc: TaskHandle) -> bool:
+        """Whether tfmagic ended ``proc`` (its kill event says so; it is no loss to report)."""
+        return proc.pid is not None and proc.pid in self._killed_on_purpose
+
     def watch(self, task: TaskName, proc: TaskHandle) -> None:
         """Emit ``lost`` when ``proc`` ends while it serves ``task`` and nobody ended it on purpose."""
 

@@ -397,7 +397,10 @@ class FailurePolicy:
         if not proc.alive:
             if not w.lost:
                 w.lost = True
-                self.history.add_event("lost", w.task, f"{type(exc).__name__}", step=self.run.step_now())
+                if not self.cluster.taskset.was_ended_on_purpose(proc):
+                    # (a kill's own event is recorded as the cluster emits it, just after the signal:
+                    # a "lost" here first told the story backwards)
+                    self.history.add_event("lost", w.task, f"{type(exc).__name__}", step=self.run.step_now())
             return
         w.errors += 1
         self.history.add_event(
