@@ -303,13 +303,17 @@ for task, taken in async_local_steps.items():
     print(f"{task}: {taken} updates, {taken / async_total:.0%} of {async_total}")
 lesson.expect(async_total, between=(148, 170), claim="the two workers took about 150 updates in all")
 lesson.expect(
-    min(async_local_steps.values()) / async_total, at_least=1 / 3, claim="each worker took at least a third"
+    min(async_local_steps.values()) / async_total, at_least=1 / 5, claim="each worker took at least a fifth"
 )
 
 # %% [markdown]
-# Together the workers took the 150 updates, each its share: nobody waited, and each worker's gradient was
-# computed on weights that the other may have changed meanwhile (staleness; notebook 02 measures it). A few
-# more than 150 local steps is normal: a worker's last step may start just before the other's reaches 150.
+# Together the workers took the 150 updates, each a fair part: nobody waited, and each worker's gradient was
+# computed on weights that the other may have changed meanwhile (staleness; notebook 02 measures it). The
+# chief (worker 0) usually takes more: it initialises the variables and starts at once, while worker 1 starts
+# when it sees them initialised (it looks every 0.1 s here) and has its own session to open; in a run of one
+# or two seconds that head start is a visible part (between a half and three quarters for worker 0 in runs
+# here, so the cell checks each took at least a fifth). A few more than 150 local steps is normal: a
+# worker's last step may start just before the other's reaches 150.
 #
 # ## TF2's all-reduce: `MultiWorkerMirroredStrategy`
 #

@@ -206,8 +206,9 @@ def test_02_sync_vs_async():
     assert per["s of training"][1] < 0.8 * per["s of training"][0], per
     assert _number(text, r"accuracy at the end: sync ([\d.]+)") > 0.9
     assert _number(text, r"accuracy at the end: sync [\d.]+, async ([\d.]+)") > 0.9
-    stale = [float(m) for m in re.findall(r"mean staleness ([\d.]+)", text)]
-    assert len(stale) == 3 and all(abs(m - 2) < 0.4 for m in stale), stale
+    stale = [float(m) for m in re.findall(r"^worker:\d: mean staleness ([\d.]+)", text, re.M)]
+    assert len(stale) == 3 and all(1.3 <= m <= 2.5 for m in stale), stale  # as the lesson's own checks
+    assert 1.6 <= _number(text, r"all gradients: mean staleness ([\d.]+)") <= 2.4
     assert "of its gradients were fresh" in text
 
 
