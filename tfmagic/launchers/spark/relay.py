@@ -196,8 +196,11 @@ class Relay:
                 log.debug("spark listener: turned away a relay from %s: %s", peer, why)
                 conn.close()
                 return
-            conn.settimeout(None)
-            spark_task.keepalive(conn)
+            try:
+                conn.settimeout(None)
+                spark_task.keepalive(conn)
+            except OSError:  # its slot's cluster closed it meanwhile (stopped as the relay dialled in)
+                return
         finally:
             self._handshakes.release()
         if conn is slot.log_sock:
