@@ -84,6 +84,9 @@ UNIT_FAILED_FLAG = os.environ.setdefault(
 )
 
 
+_NICED = False
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     """The rest lane's worker lowers its priority before its first fixture starts anything; the
@@ -95,9 +98,6 @@ def pytest_runtest_setup(item):
     if os.path.exists(UNIT_FAILED_FLAG):
         item.session.shouldstop = "a unit test failed in the other lane: the slower tiers were not run"
         pytest.skip("a unit test failed: fix the fast tier first")
-
-
-_NICED = False
 
 
 def pytest_sessionstart(session):

@@ -304,23 +304,21 @@ class Shaper:
         while its reader thread starts it again (:meth:`_ended`), and the request sent once more:
         a card changed just after a kill was refused ("has ended") a moment before the relay was
         back."""
-        for attempt in (1, 2):
-            reader = self._reader
-            mine = reader is threading.current_thread()  # restart() re-sending routes and models
-            # (after an end seen under the request: its process may not be reaped yet, so `alive`
-            # may still say yes; its reader knows)
-            if (attempt == 2 or not self.alive) and not self._closing and not mine:
-                reader.join(self.RESTART_WAIT_S)
+        reader = self._reader  # the reader of the relay this request goes to
+        try:
+            reply = self._ask_once(dict(msg))
+        except _RelayEnded as ended:
+            if self._closing or reader is threading.current_thread():  # restart() re-sending routes
+                raise BadNet(str(ended)) from None
+            # (its process may not be reaped yet, so `alive` may still say yes: its reader knows)
+            reader.join(self.RESTART_WAIT_S)
             try:
                 reply = self._ask_once(dict(msg))
-            except _RelayEnded as ended:
-                if attempt == 2 or self._closing or mine:
-                    raise BadNet(str(ended)) from None
-                continue
-            if reply.get("event") == "error":
-                raise BadNet(f"the network relay refused {msg['op']}: {reply.get('message')}")
-            return reply
-        raise AssertionError("unreachable")  # pragma: no cover
+            except _RelayEnded as again:
+                raise BadNet(str(again)) from None
+        if reply.get("event") == "error":
+            raise BadNet(f"the network relay refused {msg['op']}: {reply.get('message')}")
+        return reply
 
     def _ask_once(self, msg: dict) -> dict:
         with self._ask_lock:

@@ -363,7 +363,7 @@ class TaskSet:
         def on_message(msg: dict) -> None:
             if (
                 msg.get("event") == Event.EXIT
-                and proc.pid not in self._killed_on_purpose
+                and not self.was_ended_on_purpose(proc)
                 and self.procs.get(task) is proc
             ):
                 self._emit("lost", task, f"process {proc.pid} ended (exit code {msg.get('code')})")
