@@ -231,8 +231,11 @@ def test_pace_auto_measures_the_machine_and_its_runs_keep_the_pace(monkeypatch):
         for h in (sync, asyn):
             assert not [n for n in h.notes if "could not keep" in n], h.notes
             steps = [r.duration for r in h.records if r.paced is not None and not r.warmup]
-            # (free steps take 5-15 ms here; a clean-clone run's median was 35.9 ms of a 40 ms pace)
-            assert len(steps) > 20 and sorted(steps)[len(steps) // 2] >= 0.8 * measured, "paced, not free"
+            # Free steps take at most a third of the pace: "auto" picks a pace whose workers ask for at
+            # most a third of what the probe made.  Paced steps' on-device times fall a little under the
+            # pace, by the engine's bookkeeping between calls, which counts inside the modelled step:
+            # medians of 35.9 and 31.9 ms of a 40 ms pace in two clean-clone runs.
+            assert len(steps) > 20 and sorted(steps)[len(steps) // 2] >= 0.6 * measured, "paced, not free"
 
 
 def test_async_staleness_grows_for_a_slowed_worker(paced3):
