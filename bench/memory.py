@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 import tfmagic
-from tfmagic.procstats import memory_of
+from tfmagic.procs.stats import memory_of
 from tfmagic.units import human_bytes
 
 

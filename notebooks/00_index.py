@@ -62,7 +62,7 @@ import os
 import tensorflow as tf
 
 import tfmagic
-from tfmagic import memory
+from tfmagic.procs import memory
 
 print(f"tfmagic {tfmagic.__version__}, TensorFlow {tf.__version__}, {os.cpu_count()} CPU cores")
 limit = memory.lowest_limit()

@@ -260,7 +260,7 @@ def no_leaks(request):
     """Fail the test if it leaves task processes behind (besides shared fixtures)."""
     before = set(task_processes())
     yield
-    from tfmagic import owner
+    from tfmagic.procs import owner
 
     def shared() -> set[int]:
         return set().union(*(f() for f in SHARED)) if SHARED else set()

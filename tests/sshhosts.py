@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tfmagic.net import free_port
+from tfmagic.network.ports import free_port
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 

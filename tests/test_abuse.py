@@ -267,7 +267,7 @@ def test_a_stopped_worker_is_shown_sync_with_a_backup_goes_on_and_stop_returns_w
 def test_a_start_whose_tasks_listen_on_every_interface_against_their_guard_fails(tmp_path, monkeypatch):
     """A preload library that does nothing (stale, planted) while the task believes it is guarded."""
     from tfmagic.launchers.local import LocalLauncher
-    from tfmagic.loopback import BindGuard
+    from tfmagic.network.bindguard import BindGuard
 
     noop = tmp_path / "noop.so"
     src = tmp_path / "noop.c"
@@ -276,7 +276,7 @@ def test_a_start_whose_tasks_listen_on_every_interface_against_their_guard_fails
     planted = BindGuard(
         True, env={"LD_PRELOAD": str(noop), "TFMAGIC_BIND_HOST": "127.0.0.1"}, library=str(noop)
     )
-    monkeypatch.setattr("tfmagic.loopback.bind_guard", lambda host, base_env=None: planted)
+    monkeypatch.setattr("tfmagic.network.bindguard.bind_guard", lambda host, base_env=None: planted)
     cluster = tfmagic.Cluster(ps=0, workers=1, launcher=LocalLauncher(), spares=False)
     try:
         with pytest.raises(
@@ -383,7 +383,7 @@ def test_two_starts_at_once_make_one_cluster_that_status_and_stop_see():
 
 @pytest.mark.unit
 def test_the_runtime_dirs_that_dead_owners_left_are_removed(tmp_path):
-    from tfmagic import owner
+    from tfmagic.procs import owner
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -404,7 +404,7 @@ def test_the_runtime_dirs_that_dead_owners_left_are_removed(tmp_path):
 def test_a_dead_kernels_fatal_log_is_kept_and_reported_once(tmp_path, monkeypatch):
     """A kernel that died of a fatal signal left faulthandler's stacks in its log (the log filter points
     them there); the sweep that removes its directory keeps that log, and the next kernel says where."""
-    from tfmagic import owner
+    from tfmagic.procs import owner
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     dead = subprocess.Popen([sys.executable, "-c", "pass"])

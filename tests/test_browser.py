@@ -21,7 +21,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from tfmagic.net import free_port
+from tfmagic.network.ports import free_port
 
 from .conftest import assert_gone, poll_for, task_processes
 

@@ -16,7 +16,7 @@ MODULES = [
     "tfmagic.gilshare",
     "tfmagic.pace",
     "tfmagic.units",
-    "tfmagic.netmodel",
+    "tfmagic.network.links",
     "tfmagic.training.calibrate",
     "tfmagic.experiments.base",
     "tfmagic.experiments.exponential_steps",

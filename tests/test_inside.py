@@ -18,7 +18,8 @@ import time
 import pytest
 
 import tfmagic
-from tfmagic import doctor, traffic
+from tfmagic import doctor
+from tfmagic.network import traffic
 from tfmagic.px import run_px
 from tfmagic.training.models import Digits
 
@@ -475,7 +476,7 @@ def test_magics_map_traffic_why_in_a_kernel():
 def test_a_shaped_ps_moves_bytes_at_its_modelled_rate_and_changes_live():
     import tensorflow as tf
 
-    from tfmagic.netshape import BadNet
+    from tfmagic.network.shaper import BadNet
 
     with pytest.raises(BadNet, match="not a rate"):
         tfmagic.LocalCluster(ps=1, workers=1, net="ps:0 rate=fast")
@@ -524,8 +525,8 @@ def test_unshaped_clusters_have_no_relay(cluster):
 def test_netshape_parses_rates_delays_and_specs():
     import doctest
 
-    import tfmagic.netmodel as netmodel
-    import tfmagic.netshape as netshape
+    import tfmagic.network.links as netmodel
+    import tfmagic.network.shaper as netshape
 
     result = doctest.testmod(netmodel)  # the vocabulary's examples (netshape re-exports its names)
     assert result.attempted >= 3 and result.failed == 0

@@ -413,7 +413,7 @@ def test_terminal_ipython_gets_text_and_a_picture_and_leaves_nothing_with_spares
         "import tfmagic\n"
         f"tfmagic.Dashboard.latest().save({str(png)!r})\n"
         f"{WAIT_FOR_A_SPARE}\n"
-        "print('PIDS', [p.pid for p in tfmagic.owner.processes()])\n"
+        "print('PIDS', [p.pid for p in tfmagic.procs.owner.processes()])\n"
     )
     env = dict(os.environ, TFMAGIC_SPARES="1", TFMAGIC_SPARE_BUDGET="2GB")
     env.pop("PYTEST_CURRENT_TEST", None)

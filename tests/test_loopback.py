@@ -19,8 +19,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tfmagic import loopback
-from tfmagic.net import free_port
+from tfmagic.network import bindguard
+from tfmagic.network.ports import free_port
 
 from .conftest import poll_for
 
@@ -32,7 +32,7 @@ def _child_env(guarded: bool) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "TFMAGIC_BIND_HOST")}
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     if guarded:
-        guard = loopback.bind_guard("127.0.0.1", base_env=env)
+        guard = bindguard.bind_guard("127.0.0.1", base_env=env)
         assert guard.available, guard.reason
         env.update(guard.env)
         env["TFMAGIC_BIND_DEBUG"] = "1"
@@ -44,7 +44,7 @@ def _child_env(guarded: bool) -> dict[str, str]:
 
 @pytest.mark.unit
 def test_guard_is_available_here_and_preloads_an_existing_library():
-    guard = loopback.bind_guard()
+    guard = bindguard.bind_guard()
     assert guard.available, guard.reason
     first = guard.env["LD_PRELOAD"].split(":")[0]
     assert first == guard.library
@@ -54,18 +54,18 @@ def test_guard_is_available_here_and_preloads_an_existing_library():
 
 @pytest.mark.unit
 def test_existing_ld_preload_is_kept_after_ours_and_not_doubled():
-    lib = loopback.bind_guard().library
-    guard = loopback.bind_guard(base_env={"LD_PRELOAD": "/opt/other.so"})
+    lib = bindguard.bind_guard().library
+    guard = bindguard.bind_guard(base_env={"LD_PRELOAD": "/opt/other.so"})
     assert guard.env["LD_PRELOAD"] == f"{lib}:/opt/other.so"
-    again = loopback.bind_guard(base_env={"LD_PRELOAD": guard.env["LD_PRELOAD"]})
+    again = bindguard.bind_guard(base_env={"LD_PRELOAD": guard.env["LD_PRELOAD"]})
     assert again.env["LD_PRELOAD"] == f"{lib}:/opt/other.so"
-    assert loopback.bind_guard(base_env={}).env["LD_PRELOAD"] == lib
+    assert bindguard.bind_guard(base_env={}).env["LD_PRELOAD"] == lib
 
 
 @pytest.mark.unit
 @pytest.mark.parametrize("host", ["localhost", "::1", "127.0.0.1:80", "", "0.0.0.0"])
 def test_a_host_that_is_not_one_ipv4_address_gives_no_guard_and_a_reason(host):
-    guard = loopback.bind_guard(host)
+    guard = bindguard.bind_guard(host)
     assert not guard.available
     assert guard.env == {} and guard.library is None
     assert "every interface" in guard.reason and "\n" not in guard.reason
@@ -73,21 +73,21 @@ def test_a_host_that_is_not_one_ipv4_address_gives_no_guard_and_a_reason(host):
 
 @pytest.mark.unit
 def test_library_key_changes_with_the_source():
-    text = loopback.SOURCE.read_text()
-    assert loopback.library_key(text) == loopback.library_key(text)
-    assert loopback.library_key(text + "\n/* changed */\n") != loopback.library_key(text)
-    assert loopback.library_key(text).startswith("bindhost-") and loopback.library_key(text).endswith(".so")
+    text = bindguard.SOURCE.read_text()
+    assert bindguard.library_key(text) == bindguard.library_key(text)
+    assert bindguard.library_key(text + "\n/* changed */\n") != bindguard.library_key(text)
+    assert bindguard.library_key(text).startswith("bindhost-") and bindguard.library_key(text).endswith(".so")
 
 
 @pytest.mark.unit
 def test_library_is_built_into_the_cache_dir_under_its_key(tmp_path, monkeypatch):
     monkeypatch.setenv("TFMAGIC_CACHE_DIR", str(tmp_path / "cache"))
-    guard = loopback.bind_guard()
+    guard = bindguard.bind_guard()
     assert guard.available, guard.reason
-    expected = tmp_path / "cache" / loopback.library_key(loopback.SOURCE.read_text())
+    expected = tmp_path / "cache" / bindguard.library_key(bindguard.SOURCE.read_text())
     assert guard.library == str(expected)
     assert [p.name for p in (tmp_path / "cache").iterdir()] == [expected.name], "no temp files left"
-    assert loopback.bind_guard().library == str(expected)  # cached in-process
+    assert bindguard.bind_guard().library == str(expected)  # cached in-process
 
 
 @pytest.mark.unit
@@ -95,7 +95,7 @@ def test_no_compiler_gives_a_reason_that_says_what_to_install(tmp_path, monkeypa
     monkeypatch.setenv("TFMAGIC_CACHE_DIR", str(tmp_path / "nocc"))
     monkeypatch.setenv("CC", "no-such-compiler")
     monkeypatch.setenv("PATH", str(tmp_path))
-    guard = loopback.bind_guard()
+    guard = bindguard.bind_guard()
     assert not guard.available and guard.env == {}
     assert "no C compiler" in guard.reason and "install gcc" in guard.reason
 
@@ -107,7 +107,7 @@ def test_compile_failure_reports_the_compilers_last_line(tmp_path, monkeypatch):
     bad.chmod(0o755)
     monkeypatch.setenv("TFMAGIC_CACHE_DIR", str(tmp_path / "badcache"))
     monkeypatch.setenv("CC", str(bad))
-    guard = loopback.bind_guard()
+    guard = bindguard.bind_guard()
     assert not guard.available
     assert "fatal: broken compiler" in guard.reason and "first line" not in guard.reason
     assert not list((tmp_path / "badcache").iterdir()), "a failed build leaves nothing behind"
@@ -116,7 +116,7 @@ def test_compile_failure_reports_the_compilers_last_line(tmp_path, monkeypatch):
 @pytest.mark.unit
 def test_a_cache_path_ld_preload_cannot_carry_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("TFMAGIC_CACHE_DIR", str(tmp_path / "with space"))
-    guard = loopback.bind_guard()
+    guard = bindguard.bind_guard()
     assert not guard.available and "TFMAGIC_CACHE_DIR" in guard.reason
 
 
@@ -155,12 +155,12 @@ def planted(tmp_path):
 
 def _plant(lib: Path, directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
-    target = directory / loopback.library_key(loopback.SOURCE.read_text())
+    target = directory / bindguard.library_key(bindguard.SOURCE.read_text())
     shutil.copy(lib, target)
     return target
 
 
-def _runs_clean(guard: loopback.BindGuard, marker: Path) -> None:
+def _runs_clean(guard: bindguard.BindGuard, marker: Path) -> None:
     """A process started with the guard's environment: guarded, and the planted code did not run."""
     env = {**_child_env(guarded=False), **guard.env}
     out = subprocess.run(
@@ -178,7 +178,7 @@ def test_a_library_planted_in_a_world_writable_cache_is_not_used(tmp_path, monke
     target = _plant(lib, cache)
     cache.chmod(0o777)
     monkeypatch.setenv("TFMAGIC_CACHE_DIR", str(cache))
-    guard = loopback.bind_guard()
+    guard = bindguard.bind_guard()
     assert guard.available and guard.reason == "", "nothing alarming is said: the guard works"
     assert guard.library != str(target) and not guard.library.startswith(str(cache))
     assert os.stat(guard.library).st_uid == os.geteuid() and not os.stat(guard.library).st_mode & 0o022
@@ -222,7 +222,7 @@ def test_a_cache_dir_owned_by_another_user_is_not_used(tmp_path, monkeypatch, pl
     os.chown(cache, nobody.pw_uid, nobody.pw_gid)
     cache.chmod(0o755)
     monkeypatch.setenv("TFMAGIC_CACHE_DIR", str(cache))
-    guard = loopback.bind_guard()
+    guard = bindguard.bind_guard()
     assert guard.available and not guard.library.startswith(str(cache))
     _runs_clean(guard, marker)
 
@@ -232,10 +232,10 @@ def test_a_symlinked_library_in_a_private_cache_is_not_used(tmp_path, monkeypatc
     lib, marker = planted
     cache = tmp_path / "mine"
     cache.mkdir(mode=0o700)
-    target = cache / loopback.library_key(loopback.SOURCE.read_text())
+    target = cache / bindguard.library_key(bindguard.SOURCE.read_text())
     target.symlink_to(lib)
     monkeypatch.setenv("TFMAGIC_CACHE_DIR", str(cache))
-    guard = loopback.bind_guard()
+    guard = bindguard.bind_guard()
     assert guard.available
     assert not os.path.islink(guard.library) and os.path.isfile(guard.library)
     assert Path(guard.library).read_bytes() != lib.read_bytes()
@@ -251,7 +251,7 @@ def test_a_symlinked_cache_dir_is_not_used(tmp_path, monkeypatch, planted):
     link = tmp_path / "link"
     link.symlink_to(real)
     monkeypatch.setenv("TFMAGIC_CACHE_DIR", str(link))
-    guard = loopback.bind_guard()
+    guard = bindguard.bind_guard()
     assert guard.available
     assert not guard.library.startswith(str(link)) and not guard.library.startswith(str(real))
     _runs_clean(guard, marker)
@@ -267,12 +267,12 @@ def test_a_private_cache_under_a_parent_others_may_write_is_not_used(tmp_path, m
     cache.chmod(0o700)
     parent.chmod(0o777)
     monkeypatch.setenv("TFMAGIC_CACHE_DIR", str(cache))
-    guard = loopback.bind_guard()
+    guard = bindguard.bind_guard()
     assert guard.available and not guard.library.startswith(str(parent))
     _runs_clean(guard, marker)
     parent.chmod(0o1777)  # with the sticky bit (as /tmp) others cannot rename what is ours
-    loopback._build.cache_clear()
-    assert loopback.bind_guard().library == str(cache / loopback.library_key(loopback.SOURCE.read_text()))
+    bindguard._build.cache_clear()
+    assert bindguard.bind_guard().library == str(cache / bindguard.library_key(bindguard.SOURCE.read_text()))
     assert not marker.exists()
     parent.chmod(0o700)
 
@@ -281,12 +281,12 @@ def test_a_private_cache_under_a_parent_others_may_write_is_not_used(tmp_path, m
 def test_a_proper_private_cache_is_used_and_not_rebuilt(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     monkeypatch.setenv("TFMAGIC_CACHE_DIR", str(cache))
-    first = loopback.bind_guard().library
-    assert first == str(cache / loopback.library_key(loopback.SOURCE.read_text()))
+    first = bindguard.bind_guard().library
+    assert first == str(cache / bindguard.library_key(bindguard.SOURCE.read_text()))
     assert os.stat(cache).st_mode & 0o777 == 0o700 and os.stat(first).st_mode & 0o777 == 0o755
     before = os.stat(first)
-    loopback._build.cache_clear()  # as a new process would
-    assert loopback.bind_guard().library == first
+    bindguard._build.cache_clear()  # as a new process would
+    assert bindguard.bind_guard().library == first
     after = os.stat(first)
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns), "found, not rebuilt"
 

@@ -19,8 +19,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tfmagic import memory, pool
+from tfmagic import pool
 from tfmagic.errors import ClusterStartError, WillNotFit
+from tfmagic.procs import memory
 
 GiB = 2**30
 REPO = str(Path(__file__).resolve().parents[1])
@@ -148,7 +149,8 @@ PROBE = """
 import json, os, sys
 with open(sys.argv[1], "w") as f:  # into the test's cgroup before anything is read
     f.write(str(os.getpid()))
-from tfmagic import memory, pool
+from tfmagic.procs import memory
+from tfmagic import pool
 from tfmagic.errors import WillNotFit
 out = {
     "limit": memory.memory_limit(),

@@ -1,4 +1,4 @@
-"""Per-link shaping of the modelled network (tfmagic.netshape): a rule for ``worker:0->ps:0``.
+"""Per-link shaping of the modelled network (tfmagic.network.shaper): a rule for ``worker:0->ps:0``.
 
 First the relay alone, with plain sockets and real source processes (no
 TensorFlow): the relay asks its Shaper which process each accepted connection
@@ -22,9 +22,10 @@ import time
 
 import pytest
 
-from tfmagic import netshape, traffic
-from tfmagic.net import free_port
-from tfmagic.netshape import BadNet, LinkModel
+from tfmagic.network import shaper as netshape
+from tfmagic.network import traffic
+from tfmagic.network.ports import free_port
+from tfmagic.network.shaper import BadNet, LinkModel
 
 from .conftest import SHARED, assert_gone, poll_for, share
 
@@ -228,7 +229,7 @@ def test_delays_of_card_and_link_add():
 def test_a_slow_answer_delays_a_connection_at_most_who_wait_and_its_link_applies_once_named():
     """The owner answers 'who' after 1.5 s (a busy kernel): the connection passes its bytes after
     WHO_WAIT_S on the card, and once it is named its link shapes it, on the same connection."""
-    from tfmagic import shaper_main
+    from tfmagic.network import relay as shaper_main
 
     echo = socket.create_server(("127.0.0.1", 0))
 

@@ -49,7 +49,7 @@ def _kernel_processes(kernel_pid: int) -> dict[str, set[int]]:
             continue
         if "tfmagic.task_main" in cmd:
             found["tasks"].add(p.pid)
-        elif "tfmagic.proctree" in cmd:
+        elif "tfmagic.procs.tree" in cmd:
             found["keepers"].add(p.pid)
     return found
 
@@ -91,7 +91,7 @@ class Soak:
         )
 
     def check_processes(self) -> None:
-        owned = set(self.k.value("[p.pid for p in tfmagic.owner.processes()]"))
+        owned = set(self.k.value("[p.pid for p in tfmagic.procs.owner.processes()]"))
         deadline = time.monotonic() + 15
         while True:
             live = _kernel_processes(self.k.pid)
@@ -103,7 +103,7 @@ class Soak:
                     f"{sorted(owned)}; seed {self.seed}, log:\n" + "\n".join(self.log[-12:])
                 )
             time.sleep(0.2)
-            owned = set(self.k.value("[p.pid for p in tfmagic.owner.processes()]"))
+            owned = set(self.k.value("[p.pid for p in tfmagic.procs.owner.processes()]"))
         assert len(live["keepers"]) <= len(live["tasks"]), live
 
     # -- actions ----------------------------------------------------------------------

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from tfmagic import sockets
+from tfmagic.network import sockets
 
 pytestmark = pytest.mark.unit
 

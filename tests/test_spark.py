@@ -28,7 +28,7 @@ import psutil
 import pytest
 
 from tests.conftest import SHARED, assert_gone, poll_for, share
-from tfmagic.net import free_port
+from tfmagic.network.ports import free_port
 
 try:
     import pyspark  # noqa: F401

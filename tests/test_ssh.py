@@ -130,7 +130,7 @@ def test_servers_listen_only_on_their_spec_address(ssh_cluster, ns_hosts):
 _GRPC_PROBE = textwrap.dedent(
     """
     import sys
-    from tfmagic.net import grpc_answers
+    from tfmagic.network.ports import grpc_answers
     print(" ".join("answers" if grpc_answers(a, timeout=3) else "silent" for a in sys.argv[1:]))
     """
 )
@@ -214,7 +214,8 @@ def test_the_clients_tensorflow_server_is_kept_off_the_network(ns_hosts):
 def test_remote_tasks_reach_the_client_through_a_door_that_admits_only_them(ssh_cluster, ns_hosts):
     """The SSH tasks pull tensors the client made from the client's server, at this machine's
     bridge address: a door there admits the cluster's hosts and refuses every other machine."""
-    from tfmagic import client, clientserver
+    from tfmagic import client
+    from tfmagic.network import clientserver
 
     ssh_cluster.connect()
     port = client._port
@@ -299,7 +300,7 @@ def test_a_host_that_cannot_be_reached_says_what_to_do_and_leaves_nothing(loop_h
             ["nosuchhost.invalid"], ps=0, workers=1, python=sys.executable, ssh_config=loop_host.config
         )
     # a name that resolves, where no sshd answers: the start names the task and the command to try
-    from tfmagic.net import free_port
+    from tfmagic.network.ports import free_port
 
     config = tmp_path / "ssh_config"
     config.write_text(
@@ -359,7 +360,7 @@ def test_remote_tasks_die_when_their_owner_is_killed(loop_host, no_leaks):
 def test_tunnel_mode_keeps_servers_on_each_hosts_loopback(ns_hosts, local_cluster, no_leaks):
     import tensorflow as tf
 
-    from tfmagic import owner
+    from tfmagic.procs import owner
 
     cluster = tfmagic.SSHCluster(
         ns_hosts.aliases, ps=1, workers=1, python=sys.executable, ssh_config=ns_hosts.config, tunnel=True

@@ -24,8 +24,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tfmagic import loopback, procstats
-from tfmagic.net import free_port
+from tfmagic.network import bindguard
+from tfmagic.network.ports import free_port
+from tfmagic.procs import stats
 
 from .conftest import assert_gone, poll_for
 
@@ -337,7 +338,7 @@ def test_a_task_whose_owner_died_before_it_set_pdeathsig_ends_at_once(tmp_path):
 
 @pytest.fixture(scope="module")
 def task(tmp_path_factory):
-    guard = loopback.bind_guard("127.0.0.1", base_env=_env())
+    guard = bindguard.bind_guard("127.0.0.1", base_env=_env())
     assert guard.available, guard.reason
     env = {**guard.env, "TFMAGIC_PDEATHSIG": "1", "TFMAGIC_OWNER_PID": str(os.getpid())}
     proc = Task(tmp_path_factory.mktemp("task") / "task.log", env)
@@ -392,7 +393,7 @@ def test_listening_answers_where_the_task_listens(task):
     addresses = {tuple(a) for a in reply["addresses"]}
     assert task.port in {port for _, port in addresses}, addresses
     assert {host for host, _ in addresses} <= LOOPBACK, f"the bind guard holds: {addresses}"
-    assert set(procstats.listening_addresses(task.pid)) == addresses
+    assert set(stats.listening_addresses(task.pid)) == addresses
 
 
 @pytest.mark.unit
@@ -401,9 +402,9 @@ def test_listening_addresses_of_a_plain_process():
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        assert ("127.0.0.1", port) in procstats.listening_addresses(os.getpid())
-    assert ("127.0.0.1", port) not in procstats.listening_addresses(os.getpid())
-    assert procstats.listening_addresses(2**22 + 1) == []  # beyond pid_max: no such process
+        assert ("127.0.0.1", port) in stats.listening_addresses(os.getpid())
+    assert ("127.0.0.1", port) not in stats.listening_addresses(os.getpid())
+    assert stats.listening_addresses(2**22 + 1) == []  # beyond pid_max: no such process
 
 
 @pytest.mark.cluster

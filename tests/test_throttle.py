@@ -1,4 +1,4 @@
-"""The process throttle (``python -m tfmagic.throttle``) gives a process the share of time it was asked for.
+"""The process throttle (``python -m tfmagic.procs.throttle``) gives a process the share of time it was asked for.
 
 A real busy process, a real helper: the process's CPU time over wall time is
 its share, because alone it would use a whole core.  Until 2026-11-27 the
@@ -27,7 +27,9 @@ def _share(factor: float, seconds: float = 3.0) -> float:
     try:
         proc = psutil.Process(busy.pid)
         time.sleep(0.2)
-        helper = subprocess.Popen([sys.executable, "-m", "tfmagic.throttle", str(busy.pid), str(factor)])
+        helper = subprocess.Popen(
+            [sys.executable, "-m", "tfmagic.procs.throttle", str(busy.pid), str(factor)]
+        )
         time.sleep(0.3)  # the helper's interpreter starting, the process still at full speed
         cpu0, t0 = sum(proc.cpu_times()[:2]), time.monotonic()
         time.sleep(seconds)
@@ -49,7 +51,7 @@ def test_a_throttled_process_runs_the_share_it_was_asked_for():
 def test_the_helper_leaves_the_process_running_when_it_ends():
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        helper = subprocess.Popen([sys.executable, "-m", "tfmagic.throttle", str(busy.pid), "50"])
+        helper = subprocess.Popen([sys.executable, "-m", "tfmagic.procs.throttle", str(busy.pid), "50"])
         time.sleep(0.5)
         helper.terminate()
         helper.wait(10)

@@ -25,10 +25,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import client, net
+from . import client
 from .cluster import Attached, Cluster, Reused, StartOutcome
 from .errors import ClusterStartError, NoCluster, NotOwned
 from .launchers.attached import AttachedLauncher, AttachedTask
+from .network import ports
 from .spec import ClusterDef, TaskName
 
 #: Jobs a cluster to attach to may have.
@@ -133,7 +134,7 @@ class AttachedCluster(Cluster):
         procs = {}
         for task in self._defn.tasks():
             address = self._defn.address(task)
-            while not net.port_answers(address, timeout=2.0):
+            while not ports.port_answers(address, timeout=2.0):
                 if time.monotonic() > deadline:
                     raise ClusterStartError(
                         f"{task} at {address} does not accept connections; is that server "
@@ -141,7 +142,7 @@ class AttachedCluster(Cluster):
                         task=task,
                     )
                 time.sleep(0.2)
-            if not net.grpc_answers(address, timeout=max(1.0, min(5.0, deadline - time.monotonic()))):
+            if not ports.grpc_answers(address, timeout=max(1.0, min(5.0, deadline - time.monotonic()))):
                 raise ClusterStartError(
                     f"{task} at {address} accepts connections but does not answer as a TensorFlow server "
                     "(stopped, hung, or another program on that port); check the address. Nothing was changed.",

@@ -187,7 +187,7 @@ def check(request: ClusterRequest) -> Backend:
 
         Pace.parse(request.pace)  # one line now, not after the old cluster stopped
     if request.net:
-        from .netshape import parse_net
+        from .network.shaper import parse_net
 
         parse_net(request.net)  # one line now, not after the old cluster stopped
         if request.backend != "local":

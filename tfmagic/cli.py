@@ -57,7 +57,7 @@ def entry() -> None:
     """
     import os
 
-    from . import owner
+    from .procs import owner
 
     code = main()
     owner.cleanup()

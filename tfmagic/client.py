@@ -18,8 +18,9 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 
-from . import clientserver, waits
+from .doctor import waits
 from .errors import ClientBusy
+from .network import clientserver
 from .spec import ClusterDef, TaskName
 
 _lock = threading.RLock()
@@ -123,7 +124,7 @@ def client_port() -> int:
     """The port this process serves on as every cluster's client, chosen once.
 
     TensorFlow starts a gRPC server in the client the first time it connects
-    (kept on loopback by :mod:`tfmagic.clientserver`) and never stops it.  Moving to another cluster with a *new* server definition made
+    (kept on loopback by :mod:`tfmagic.network.clientserver`) and never stops it.  Moving to another cluster with a *new* server definition made
     it start one more each time (measured: +89 threads, +40 MB and one more
     open port per cluster); tfmagic keeps the client's own task and port the
     same and moves with ``update_server_def`` instead (+3 threads, no port).
@@ -131,7 +132,7 @@ def client_port() -> int:
     global _port
     with _lock:
         if _port is None:
-            from .net import free_port
+            from .network.ports import free_port
 
             _port = free_port("0.0.0.0")
         return _port
@@ -178,7 +179,7 @@ def _quiet_stale_handles(unraisable) -> None:
         (_previous_hook or sys.__unraisablehook__)(unraisable)
         return
     try:
-        from . import owner
+        from .procs import owner
 
         first = (str(exc).splitlines() or [""])[0]
         with open(owner.kernel_log(), "a") as log:
@@ -303,7 +304,7 @@ def _answering(defn: ClusterDef) -> tuple[dict[str, dict[int, str]], list[TaskNa
     """The definition's tasks that answer as gRPC servers now, and those left out."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from .net import grpc_answers
+    from .network.ports import grpc_answers
 
     tasks = defn.tasks()
     with ThreadPoolExecutor(max_workers=min(16, len(tasks) or 1)) as pool:

@@ -76,7 +76,8 @@ def run(
 ) -> int:
     import os
 
-    from . import logfilter, owner
+    from . import logfilter
+    from .procs import owner
 
     t0 = time.monotonic()
     if os.environ.get("TFMAGIC_SHOW_TF_LOGS", "") not in ("1", "true", "yes"):

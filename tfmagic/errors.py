@@ -29,7 +29,7 @@ class BadClusterShape(TfmagicError, ValueError):
 
 
 class BadNet(TfmagicError, ValueError):
-    """A rate, delay or task for the modelled network (tfmagic.netshape) that cannot be used."""
+    """A rate, delay or task for the modelled network (tfmagic.network.shaper) that cannot be used."""
 
 
 class NoCluster(TfmagicError):
@@ -55,7 +55,7 @@ class ClusterStartError(TfmagicError):
 
 
 class WillNotFit(ClusterStartError):
-    """The tasks asked for need more memory than this process's limit leaves (see ``tfmagic.memory``)."""
+    """The tasks asked for need more memory than this process's limit leaves (see ``tfmagic.procs.memory``)."""
 
 
 class TaskLost(TfmagicError):

@@ -10,7 +10,7 @@ import for its extra tasks once.
 
 Spares belong to the process that made them: they outlive a cluster's
 ``stop`` but never their owner (they end with it like every task, see
-:mod:`tfmagic.owner`).  They cost memory, so the pool keeps within a budget:
+:mod:`tfmagic.procs.owner`).  They cost memory, so the pool keeps within a budget:
 ``auto`` (the default) allows a quarter of this machine's memory, at most
 4 GiB, and none at all under 4 GiB (Binder); set a number of bytes, a string
 such as ``"1.5GB"``, or ``0`` to turn spares off
@@ -24,7 +24,7 @@ import threading
 from itertools import count
 from typing import TYPE_CHECKING
 
-from . import owner
+from .procs import owner
 from .units import parse_bytes
 
 if TYPE_CHECKING:
@@ -38,8 +38,8 @@ DEFAULT_SPARE_BYTES = 420 * 2**20
 
 def memory_limit() -> int:
     """The lowest memory limit on this process: the machine's, or any cgroup's on its way up
-    (see :mod:`tfmagic.memory`)."""
-    from .memory import memory_limit as lowest
+    (see :mod:`tfmagic.procs.memory`)."""
+    from .procs.memory import memory_limit as lowest
 
     return lowest()
 
@@ -76,7 +76,7 @@ class SparePool:
 
     def spare_cost(self) -> int:
         """PSS of one spare, measured on a live spare when there is one."""
-        from .procstats import memory_of
+        from .procs.stats import memory_of
 
         for proc in self.processes():
             if proc.warm_at is not None:

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from . import events
 from .gilshare import yielding
-from .loopback import trusted_dir
+from .network.bindguard import trusted_dir
 
 log = logging.getLogger("tfmagic.publish")
 

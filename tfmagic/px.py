@@ -26,7 +26,8 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from . import doctor, events, waits
+from . import doctor, events
+from .doctor import waits
 from .errors import PxError, WaitTimedOut
 from .metrics import GlobalStep, History, StepRecord
 from .protocol import Event, Op

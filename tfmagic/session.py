@@ -146,8 +146,8 @@ class Session:
 
     def close(self) -> int:
         """Stop the current cluster, every spare and every process this session's process started."""
-        from . import owner
         from .pool import default_pool
+        from .procs import owner
 
         with self._lock:
             killed = len(owner.processes())

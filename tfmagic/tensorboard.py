@@ -57,9 +57,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from . import owner
 from .metrics import Evaluation, GlobalStep, History, StepRecord
-from .sockets import holder, listening_inodes, listening_ports
+from .network.sockets import holder, listening_inodes, listening_ports
+from .procs import owner
 
 __all__ = ["TensorBoard", "Writer", "show", "write"]
 
@@ -220,7 +220,7 @@ def _own_port(pid: int) -> int | None:
 
 def _tree(pid: int) -> set[int]:
     """``pid`` and every process below it."""
-    from .proctree import descendants
+    from .procs.tree import descendants
 
     return {pid, *descendants(pid)}
 

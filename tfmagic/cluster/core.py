@@ -10,13 +10,16 @@ import time
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 
-from .. import client, doctor, netshape, owner, placement, traffic
+from .. import client, doctor, variable_map
 from ..errors import BadClusterShape, NoCluster
 from ..events import Event, Topic
 from ..launchers.base import Launcher, TaskHandle
 from ..launchers.local import LocalLauncher
+from ..network import shaper as netshape
+from ..network import traffic
 from ..pace import Pace
 from ..pool import SparePool, default_pool
+from ..procs import owner
 from ..spec import ClusterDef, ClusterShape, TaskName
 from ..status import ClusterStatus
 from . import faults, inspection, membership
@@ -141,7 +144,7 @@ class Cluster:
             pool=pool or default_pool(),
             use_spares=use_spares,
         )
-        #: the modelled network chosen at start (see :mod:`.network` and :mod:`tfmagic.netshape`)
+        #: the modelled network chosen at start (see :mod:`.network` and :mod:`tfmagic.network.shaper`)
         self.network = ClusterNetwork(
             net, shape, self.launcher, self.taskset, self.emit, self.check_task, self.tasks
         )
@@ -291,8 +294,8 @@ class Cluster:
         ``target`` is a relayed task (``"ps:0"``: its card) or a link (``"worker:0->ps:0"``,
         ``"worker:*->ps:0"``, ``"kernel->ps:0"``): ``rate`` each way (``"50mbit"``, None: unlimited) and
         one-way ``delay``; a link with neither loses its rule.  Which tasks have a relay is chosen at
-        start (``net=``); see :mod:`tfmagic.netshape`.  Returns the model set, or with no target the
-        :class:`~tfmagic.netshape.NetModels` (cards and links, with the bytes that crossed each).
+        start (``net=``); see :mod:`tfmagic.network.shaper`.  Returns the model set, or with no target the
+        :class:`~tfmagic.network.shaper.NetModels` (cards and links, with the bytes that crossed each).
         """
         return self.network.net(target, rate, delay)
 
@@ -382,7 +385,7 @@ class Cluster:
         t, proc = inspection.placeable(self, task)  # connected, and the task answers
         import tensorflow as tf
 
-        made_by = placement.creator(self.id, f"cell on {t}", proc.task_pid if proc is not None else None)
+        made_by = variable_map.creator(self.id, f"cell on {t}", proc.task_pid if proc is not None else None)
         with client.on_task(t) as name, tf.variable_creator_scope(made_by):
             yield name
 
@@ -391,7 +394,7 @@ class Cluster:
         """Make ``task`` run at 1/``factor`` of its speed; ``factor=1`` restores.
 
         The task's process is paused and resumed many times a second (see
-        :mod:`tfmagic.throttle`), so everything it does slows down, whoever
+        :mod:`tfmagic.procs.throttle`), so everything it does slows down, whoever
         asks: a training loop, a ``%%tf_device`` cell, another program.  On a
         paced cluster the worker's modelled machine becomes ``factor`` times
         slower instead (the process keeps its speed): the engine's steps on it
@@ -438,7 +441,7 @@ class Cluster:
 
         Rows have ``waiter``, ``waiting_for``, ``since`` (seconds) and
         ``cause``; ``str()`` says it in sentences.  ``stacks=True`` adds the
-        Python stacks of every task's threads.  See :mod:`tfmagic.doctor`.
+        Python stacks of every task's threads.  See :mod:`tfmagic.doctor.diagnosis`.
         """
         return doctor.why(self, stacks=stacks)
 
@@ -446,7 +449,7 @@ class Cluster:
         """Bytes sent over every link (kernel and tasks) since the cluster started, and the rate now.
 
         Measured from the operating system's TCP counters of the processes
-        (``ss``), not estimated from tensor sizes; see :mod:`tfmagic.traffic`.
+        (``ss``), not estimated from tensor sizes; see :mod:`tfmagic.network.traffic`.
         """
         self.taskset.require()
         return self.traffic_meter().traffic()
@@ -463,7 +466,7 @@ class Cluster:
                 self._meter = traffic.TrafficMeter(self)
             return self._meter.start()
 
-    def placement(self, run=None) -> placement.Placement:
+    def placement(self, run=None) -> variable_map.Placement:
         """Every variable the cluster holds (name, task, shape, dtype, bytes), grouped per task.
 
         What this process created on it (cells under :meth:`device`, training

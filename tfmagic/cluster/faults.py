@@ -1,7 +1,7 @@
 """Stragglers and failures on purpose: slowing a task, killing it, starting it again.
 
 A straggler slowed on a real cluster is throttled (its process paused and
-resumed many times a second, :mod:`tfmagic.throttle`); on a paced cluster its
+resumed many times a second, :mod:`tfmagic.procs.throttle`); on a paced cluster its
 modelled machine is slowed instead (:mod:`tfmagic.pace`).  A restart brings a
 process up on the task's old address through the task set's one sequence
 (:meth:`~tfmagic.cluster.taskset.TaskSet.bring_up`).

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import TYPE_CHECKING
 
-from .. import client, placement
+from .. import client, variable_map
 from ..errors import TaskLost
 from ..launchers.base import TaskHandle
 from ..protocol import Op
@@ -107,9 +107,9 @@ def logs(cluster: Cluster, task: TaskName, tail: int | None = 50, native: bool =
     return "\n".join(lines)
 
 
-def placement_of(cluster: Cluster, run=None) -> placement.Placement:
+def placement_of(cluster: Cluster, run=None) -> variable_map.Placement:
     """See :meth:`tfmagic.cluster.Cluster.placement`."""
-    rows = placement.rows_for(cluster)
+    rows = variable_map.rows_for(cluster)
     for task, proc in cluster.procs.items():
         if not getattr(proc, "api_complete", False):
             continue  # no cell ran there: it holds only what this process put there
@@ -119,7 +119,7 @@ def placement_of(cluster: Cluster, run=None) -> placement.Placement:
             continue
         for v in reply.get("variables") or []:
             rows.append(
-                placement.VariableRow(
+                variable_map.VariableRow(
                     v["name"],
                     TaskName.parse(v.get("task") or task),
                     tuple(v["shape"]),
@@ -128,7 +128,7 @@ def placement_of(cluster: Cluster, run=None) -> placement.Placement:
                     f"%%tf_px cell in {task}",
                 )
             )
-    out = placement.Placement(
+    out = variable_map.Placement(
         cluster.name,
         rows,
         assignment=(
@@ -145,7 +145,7 @@ def placement_of(cluster: Cluster, run=None) -> placement.Placement:
             if (name, task) not in held and TaskName.parse(task) in cluster.procs:
                 # the run ended and its variables were freed with it: shown where they were
                 rows.append(
-                    placement.VariableRow(
+                    variable_map.VariableRow(
                         name, TaskName.parse(task), shape, dtype, size, f"{history.run} (ended, freed)"
                     )
                 )

@@ -1,6 +1,6 @@
 """A cluster's modelled network: which tasks sit behind the relay, and changing cards and links live.
 
-The model itself (cards, links, the relay process) is :mod:`tfmagic.netshape`;
+The model itself (cards, links, the relay process) is :mod:`tfmagic.network.shaper`;
 this is what one cluster does with it: the cards and link rules chosen at
 start (``net=``), the private ports its relayed tasks serve on, routing them
 through the relay at start, and :meth:`ClusterNetwork.net` and
@@ -12,8 +12,9 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from .. import netshape, traffic
 from ..launchers.base import Launcher, TaskHandle
+from ..network import shaper as netshape
+from ..network import traffic
 from ..spec import ClusterDef, ClusterShape, TaskName
 from .taskset import Emit, TaskSet
 
@@ -32,7 +33,7 @@ class ClusterNetwork:
         tasks: Callable[[str | None], list[TaskName]],
     ) -> None:
         #: cards (``ps:0``), which give their task a relay, and link rules (``worker:0->ps:0``), which
-        #: give a relay to theirs (see :mod:`tfmagic.netshape`)
+        #: give a relay to theirs (see :mod:`tfmagic.network.shaper`)
         self.models: dict[str, netshape.LinkModel] = netshape.parse_net(net)
         for key in self.models:
             for pattern in netshape.parse_target(key):

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from .. import waits
+from ..doctor import waits
 from ..errors import ClusterStartError, NoCluster
 from ..launchers.base import Launcher, TaskHandle, TaskState
 from ..launchers.local import LocalLauncher
@@ -118,7 +118,7 @@ class TaskSet:
         """Say before starting anything when ``count`` more local tasks will not fit in memory."""
         if not isinstance(self.launcher, LocalLauncher):
             return
-        from ..memory import check_fits
+        from ..procs.memory import check_fits
 
         warm = self.pool.count(self.launcher) if self.use_spares else 0
         if count > warm:
@@ -256,7 +256,7 @@ class TaskSet:
     @staticmethod
     def ports_kept_taken(taken: _PortTaken | None) -> ClusterStartError:
         """The error of a start whose port was taken, each of three times, before its server bound it."""
-        from ..procstats import listener_of
+        from ..procs.stats import listener_of
 
         holder = listener_of(taken.port) if taken is not None and taken.port else None
         return ClusterStartError(
@@ -275,7 +275,7 @@ class TaskSet:
         be there.  A planted or broken preload library would otherwise leave a
         server on every interface while ``start`` said otherwise.
         """
-        from ..net import port_answers
+        from ..network.ports import port_answers
 
         if not port_answers(address, timeout=5):
             raise self.failure(task, proc, f"said it was up but {address} refused a connection")
@@ -293,7 +293,7 @@ class TaskSet:
                 proc,
                 f"listens on {', '.join(wrong)}, though its servers were to listen on {bind_host} only "
                 "(the bind library did not take effect: a stale or planted library in the cache? see "
-                "tfmagic.loopback.cache_dir()); start again, or pass --all-interfaces to accept every interface",
+                "tfmagic.network.bindguard.cache_dir()); start again, or pass --all-interfaces to accept every interface",
             )
 
     def failure(

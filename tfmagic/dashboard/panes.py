@@ -133,7 +133,8 @@ class Panes:
         Free while nothing waits (one look at the wait registry); while
         something does, the doctor is asked at most once a second.
         """
-        from .. import doctor, waits
+        from .. import doctor
+        from ..doctor import waits
 
         cluster = self.view.cluster
         if cluster is None or not cluster.running or not waits.current(doctor.THRESHOLD):

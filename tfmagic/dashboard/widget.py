@@ -119,7 +119,7 @@ class Dashboard:
         self._widget = None
         self._display = None  # IPython DisplayHandle, when shown with show()
         Dashboard._latest = weakref.ref(self)
-        #: measure bytes per link while refreshing (the traffic panel; see tfmagic.traffic)
+        #: measure bytes per link while refreshing (the traffic panel; see tfmagic.network.traffic)
         self.traffic = traffic
         #: the cluster's traffic meter, when this dashboard started it
         self.meter = None

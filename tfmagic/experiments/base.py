@@ -323,7 +323,7 @@ class Lab:
 
     def fits(self, tasks: int) -> tuple[bool, str]:
         """Whether a cluster of ``tasks`` tasks stays under the memory limit, and the arithmetic."""
-        from ..memory import memory_available
+        from ..procs.memory import memory_available
 
         per = self.task_bytes or 200 * 1000**2
         base = self.base_bytes or memory_now()

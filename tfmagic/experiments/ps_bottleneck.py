@@ -6,7 +6,7 @@ twice the model; with the card's rate fixed, the communication time of a
 step is that over the rate, and spreading the variables over two ps shards
 (each with its own card) halves it.  d2l's parameter-server chapter does
 this arithmetic on paper; here it runs, on a modelled network
-(:mod:`tfmagic.netshape`: each ps's card at ``RATE``, however fast loopback
+(:mod:`tfmagic.network.shaper`: each ps's card at ``RATE``, however fast loopback
 is).
 
 The model is built to make the point and nothing else: a linear regression

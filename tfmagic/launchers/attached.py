@@ -11,9 +11,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .. import net
 from ..errors import NotOwned
 from ..events import Topic
+from ..network import ports
 from ..spec import TaskName
 from .base import Launcher, TaskHandle, TaskState
 
@@ -42,7 +42,7 @@ class AttachedTask:
         now = time.monotonic()
         if now - self._checked > 1.0:
             self._checked = now
-            self._alive = net.port_answers(self.address, timeout=1.0)
+            self._alive = ports.port_answers(self.address, timeout=1.0)
         return self._alive
 
     @property

@@ -18,9 +18,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any
 
-from .. import owner, protocol
+from .. import protocol
 from ..errors import WaitTimedOut
 from ..events import Topic
+from ..procs import owner
 from ..protocol import Event, Op
 from ..spec import TaskName
 from .base import TaskState

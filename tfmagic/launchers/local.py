@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .. import net
+from ..network import ports
 from .base import TaskHandle
 from .channel import TaskProcess
 from .process import PACKAGE_PARENT, TASK_ENV, PopenLauncher
@@ -18,7 +18,7 @@ class LocalLauncher(PopenLauncher):
     children along; its standard input is a pipe only this owner holds, so it
     dies with the owner, and it asks the kernel to kill it if this process
     dies while it cannot read that pipe (stopped).  With ``loopback_only=True``
-    (the default) the servers are kept on 127.0.0.1 by :mod:`tfmagic.loopback`
+    (the default) the servers are kept on 127.0.0.1 by :mod:`tfmagic.network.bindguard`
     when that is possible here.
     """
 
@@ -39,9 +39,9 @@ class LocalLauncher(PopenLauncher):
         self.python = [python] if isinstance(python, str) else list(python)
         self.guard = None
         if loopback_only:
-            from .. import loopback
+            from ..network import bindguard
 
-            self.guard = loopback.bind_guard(self.host)
+            self.guard = bindguard.bind_guard(self.host)
         self.extra_env = dict(env or {})
 
     @property
@@ -63,9 +63,9 @@ class LocalLauncher(PopenLauncher):
         changes: dict[str, str | None] = dict(TASK_ENV)
         changes.update(self.extra_env)
         if self.guard is not None and self.guard.available:
-            from .. import loopback
+            from ..network import bindguard
 
-            changes.update(loopback.bind_guard(self.host, base_env=env).env)
+            changes.update(bindguard.bind_guard(self.host, base_env=env).env)
         path = env.get("PYTHONPATH", "")
         changes["PYTHONPATH"] = PACKAGE_PARENT + (os.pathsep + path if path else "")
         # the task dies with this process even while it cannot read its channel (SIGSTOP)
@@ -85,11 +85,11 @@ class LocalLauncher(PopenLauncher):
 
     # -- answered here, faster than asking the task ---------------------------
     def pick_port(self, proc: TaskHandle) -> int:
-        return net.free_port(self.host)
+        return ports.free_port(self.host)
 
     def listening(self, proc: TaskHandle) -> list[tuple[str, int]]:
         """Seen from outside the task (its own answer could come from planted code)."""
-        from ..procstats import listening_addresses
+        from ..procs.stats import listening_addresses
 
         return listening_addresses(proc.pid)
 
@@ -99,7 +99,7 @@ class LocalLauncher(PopenLauncher):
     def stats(self, proc: TaskHandle, memory: bool = True) -> dict | None:
         if not proc.alive:
             return None
-        from ..procstats import cpu_percent, memory_of, run_state, uptime
+        from ..procs.stats import cpu_percent, memory_of, run_state, uptime
 
         mem = (memory_of(proc.pid) or {}) if memory else {}
         return {

@@ -35,8 +35,8 @@ import subprocess
 import threading
 from collections.abc import Sequence
 
-from .. import net
 from ..errors import BadArgument, ClusterStartError, WaitTimedOut
+from ..network import ports
 from ..protocol import Op
 from .base import TaskHandle
 from .channel import TaskProcess
@@ -193,7 +193,7 @@ class SSHLauncher(PopenLauncher):
         if not self.tunnel:
             return super().pick_port(proc)
         for _ in range(50):
-            port = net.free_port("127.0.0.1")
+            port = ports.free_port("127.0.0.1")
             if proc.request(Op.FREE_PORT, timeout=30.0, host="127.0.0.1", port=port)["port"] == port:
                 return port
         raise WaitTimedOut(f"no port was free both here and on {proc.destination} after 50 tries")
@@ -291,7 +291,7 @@ class SSHLauncher(PopenLauncher):
         if self._client_address is None:
             from .. import client
 
-            local = net.route_address(self.addresses[self.destinations[0]])
+            local = ports.route_address(self.addresses[self.destinations[0]])
             self._client_address = f"{local}:{client.client_port()}"
         return self._client_address
 
@@ -328,7 +328,7 @@ class _Tunnel:
 
     @classmethod
     def open(cls, ssh: list[str], dest: str, forwards: list[str], timeout: float = 30.0) -> _Tunnel:
-        from .. import owner
+        from ..procs import owner
 
         popen = spawn(
             [
@@ -366,7 +366,7 @@ class _Tunnel:
         return self.popen.poll() is None
 
     def kill(self) -> None:
-        from .. import owner
+        from ..procs import owner
 
         if self.popen.poll() is None:
             kill_tree(self.popen.pid)

@@ -18,8 +18,9 @@ from __future__ import annotations
 import os
 import sys
 
-from .. import owner, session
+from .. import session
 from ..pool import default_pool
+from ..procs import owner
 from .cells import CellMagics
 from .cluster import ClusterMagics
 from .experiments import ExperimentMagics

@@ -10,11 +10,12 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.display import display
 
-from .. import owner, session
+from .. import session
 from ..backends import BACKENDS, ClusterRequest, check
 from ..errors import ClusterRunning, ClusterStartError, TfmagicError
 from ..pool import default_pool
-from ..procstats import memory_of
+from ..procs import owner
+from ..procs.stats import memory_of
 from ..spec import ClusterShape
 from ..units import human_bytes, parse_bytes
 from . import render

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..loopback import trusted_dir
+from ..network.bindguard import trusted_dir
 from ..publish import LIST_WATCH, process_start, valid_id
 
 PREFIX = "tfmagic-pages-"

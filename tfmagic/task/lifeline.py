@@ -22,7 +22,7 @@ import traceback
 from collections.abc import Callable
 from typing import NoReturn
 
-from ..proctree import descendants, kill_descendants
+from ..procs.tree import descendants, kill_descendants
 
 #: A private directory holding this task's bind library (see :func:`guard_self`), removed at its end.
 _guard_tmpdir: str | None = None
@@ -163,7 +163,7 @@ def guard_self() -> None:
     host = os.environ.get("TFMAGIC_GUARD_HOST")
     if not host or os.environ.get("TFMAGIC_BIND_HOST"):
         return
-    from ..loopback import bind_guard, built_privately
+    from ..network.bindguard import bind_guard, built_privately
 
     guard = bind_guard(host)
     if not guard.available:
@@ -184,10 +184,10 @@ def start_keeper() -> None:
     ``PR_SET_PDEATHSIG`` SIGKILLs a task whose owner died while it could not
     read its channel (stopped); a SIGKILLed task cannot end its children, and
     those a cell started in sessions of their own would live on.  The keeper
-    (:mod:`tfmagic.proctree`) does it.  Started before TensorFlow is imported.
+    (:mod:`tfmagic.procs.tree`) does it.  Started before TensorFlow is imported.
     """
     subprocess.Popen(
-        [sys.executable, "-m", "tfmagic.proctree", str(os.getpid())],
+        [sys.executable, "-m", "tfmagic.procs.tree", str(os.getpid())],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         close_fds=True,

@@ -24,7 +24,7 @@ from ..protocol import URGENT, Event, Op
 
 
 def urgent_slow(rt, msg: dict[str, Any]) -> None:
-    """Run at 1/factor speed (``tfmagic.throttle``); factor 1 restores."""
+    """Run at 1/factor speed (``tfmagic.procs.throttle``); factor 1 restores."""
     factor = float(msg.get("factor", 1.0))
     if rt.throttle is not None:
         rt.throttle.terminate()
@@ -39,7 +39,7 @@ def urgent_slow(rt, msg: dict[str, Any]) -> None:
             [
                 sys.executable,
                 "-m",
-                "tfmagic.throttle",
+                "tfmagic.procs.throttle",
                 str(os.getpid()),
                 str(factor),
                 str(msg.get("period_ms", 20.0)),
@@ -80,7 +80,7 @@ def urgent_free_port(rt, msg: dict[str, Any]) -> None:
 
 def urgent_stats(rt, msg: dict[str, Any]) -> None:
     """CPU %, memory (PSS beside RSS) and uptime of this process, for a remote owner."""
-    from ..procstats import cpu_percent, memory_of, uptime
+    from ..procs.stats import cpu_percent, memory_of, uptime
 
     pid = os.getpid()
     mem = memory_of(pid) or {}
@@ -96,7 +96,7 @@ def urgent_stats(rt, msg: dict[str, Any]) -> None:
 
 def urgent_listening(rt, msg: dict[str, Any]) -> None:
     """The TCP addresses this process listens on (the owner checks the bind guard with it)."""
-    from ..procstats import listening_addresses
+    from ..procs.stats import listening_addresses
 
     try:
         addresses = [[host, port] for host, port in listening_addresses(os.getpid())]
@@ -107,7 +107,7 @@ def urgent_listening(rt, msg: dict[str, Any]) -> None:
 
 def urgent_sockets(rt, msg: dict[str, Any]) -> None:
     """This process's TCP connections and the bytes each moved (for the traffic map on other hosts)."""
-    from ..traffic import own_sockets
+    from ..network.traffic import own_sockets
 
     found = [[x.pid, list(x.local), list(x.peer), x.sent, x.received] for x in own_sockets({os.getpid()})]
     rt.send(Event.SOCKETS, id=msg.get("id"), sockets=found)

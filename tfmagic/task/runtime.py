@@ -64,7 +64,7 @@ class TaskRuntime:
         self._cpu_only = False
         self._gpus_hidden = False
         self.lifeline = ParentWatch(self.die)
-        self.throttle: subprocess.Popen | None = None  # tfmagic.throttle while slowed
+        self.throttle: subprocess.Popen | None = None  # tfmagic.procs.throttle while slowed
         self.slow_factor = 1.0
         self.cluster: dict | None = None
 

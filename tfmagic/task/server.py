@@ -180,7 +180,7 @@ def serve(core: ServerCore, tf, msg: dict[str, Any], cpu_only: bool):
     spec = core.server_lib.ClusterSpec(cluster)
     if msg.get("bind_port"):
         # A modelled network: the cluster's address for this task is the
-        # relay's (tfmagic.netshape); the server itself listens here.
+        # relay's (tfmagic.network.shaper); the server itself listens here.
         from tensorflow.core.protobuf import tensorflow_server_pb2
 
         server_def = tensorflow_server_pb2.ServerDef(

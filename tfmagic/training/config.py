@@ -134,7 +134,7 @@ class RunConfig:
         every = _whole("checkpoint_every", int(kwargs.get("checkpoint_every", 50)), 1)
         ckpt = kwargs.get("checkpoint_dir")
         if ckpt is None:
-            from .. import owner
+            from ..procs import owner
 
             ckpt = tempfile.mkdtemp(prefix="checkpoints-", dir=owner.runtime_dir())
         return cls(

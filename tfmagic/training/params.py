@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from .. import client, placement
+from .. import client, variable_map
 from ..cluster import membership as elastic
 from ..errors import TaskLost
 from ..spec import TaskName
@@ -65,7 +65,7 @@ class ParameterStore:
         import tensorflow as tf
 
         ps = self.ps_tasks
-        made_by = placement.creator(
+        made_by = variable_map.creator(
             self.cluster.id, f"training {self.who.split(' (')[0].removeprefix('training run ')}"
         )
         with client.gate.call(self.who), tf.variable_creator_scope(made_by):
@@ -91,7 +91,7 @@ class ParameterStore:
         """
         import tensorflow as tf
 
-        made_by = placement.creator(self.cluster.id, "sync gradient buffers")
+        made_by = variable_map.creator(self.cluster.id, "sync gradient buffers")
         with client.gate.call(self.who), tf.variable_creator_scope(made_by):
             self.buffers = []
             for i in range(workers):
@@ -107,7 +107,7 @@ class ParameterStore:
 
         if len(self.buffers) >= workers:
             return False
-        made_by = placement.creator(self.cluster.id, "sync gradient buffers")
+        made_by = variable_map.creator(self.cluster.id, "sync gradient buffers")
         with client.gate.call(self.who), tf.variable_creator_scope(made_by):
             for i in range(len(self.buffers), workers):
                 row = []
@@ -133,7 +133,7 @@ class ParameterStore:
 
         ps = self.ps_tasks
         moved, size = [], 0
-        made_by = placement.creator(
+        made_by = variable_map.creator(
             self.cluster.id, f"training {self.who.split(' (')[0].removeprefix('training run ')}"
         )
         slots = self.optimizer.slots

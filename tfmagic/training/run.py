@@ -61,7 +61,7 @@ class _EngineRetracing:
         if "triggered tf.function retracing" not in text:
             return True
         try:
-            from .. import owner
+            from ..procs import owner
 
             with open(owner.kernel_log(), "a") as log:
                 log.write(f"engine retracing ({record.threadName}): {text.splitlines()[0]}\n")

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import client, waits
+from .. import client
+from ..doctor import waits
 from ..metrics import GlobalStep, StepRecord
 from .params import clear_executor
 from .steps import Worker, fused_update, make_apply, start_worker_thread

@@ -299,7 +299,7 @@ def _create(master: str, app_name: str, conf: dict[str, str], loopback: bool, Sp
         pairs.update({"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"})
         env["SPARK_LOCAL_IP"] = "127.0.0.1"
     pairs.update(conf)
-    from ... import owner
+    from ...procs import owner
 
     log_path = str(owner.runtime_dir() / f"spark-driver-{next(_log_ids)}.log")
     spark_conf = SparkConf(loadDefaults=False)

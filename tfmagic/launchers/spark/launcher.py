@@ -19,8 +19,8 @@ import socket
 import sys
 from typing import IO, Any, cast
 
-from ... import owner
 from ...errors import ClusterStartError
+from ...procs import owner
 from ...protocol import Op
 from .. import spark_task
 from ..base import Launcher
@@ -75,7 +75,7 @@ class SparkLauncher(Launcher):
         Extra environment for every task process.
     guard:
         Keep each TensorFlow server on the one address its spec names (built
-        on its own host; see :mod:`tfmagic.loopback`).
+        on its own host; see :mod:`tfmagic.network.bindguard`).
     connect_timeout:
         Seconds Spark may take to start the tasks and their relays to connect.
 

@@ -4,7 +4,7 @@ A task ends everything it started (:func:`kill_descendants`), including
 children a cell started in sessions of their own, which a process-group kill
 misses.  When the task itself is killed outright (SIGKILL from the kernel
 because its owner died while it was stopped), it cannot do that; a
-**keeper** process beside it can: ``python -m tfmagic.proctree PID`` notes
+**keeper** process beside it can: ``python -m tfmagic.procs.tree PID`` notes
 the task's descendants four times a second and, once the task is gone, kills
 those still running.  Raw ``os`` calls only: the task calls this while dying,
 when no Python stream or lock may be taken.

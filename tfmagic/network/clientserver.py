@@ -4,7 +4,7 @@ only through a door that admits the cluster's hosts.
 Why: connecting to a cluster makes TensorFlow start a gRPC server inside the client (the notebook
 kernel), bound to every interface (the address is fixed in TensorFlow) and running any graph it is
 sent, as the user, with no login.  A task process is kept off the network by preloading the bind
-library (:mod:`tfmagic.loopback`); the kernel is already running when it connects, so nothing can be
+library (:mod:`tfmagic.network.bindguard`); the kernel is already running when it connects, so nothing can be
 preloaded into it.  Instead, before its first connection, :func:`keep_local` points the ``bind()``
 entries of TensorFlow's own libraries (not the kernel's ZeroMQ sockets, not Python's) at the same
 rewrite, so the server listens on ``127.0.0.1`` only.
@@ -53,7 +53,7 @@ def keep_local() -> bool:
         if _state.tried:
             return _state.guarded
         _state.tried = True
-        from .loopback import guard_this_process
+        from .bindguard import guard_this_process
 
         changed, reason = guard_this_process(LOOPBACK)
         _state.guarded = changed > 0
@@ -101,7 +101,7 @@ def listening(port: int) -> list[tuple[str, int]]:
     """Where this process listens on ``port``, measured (``[]``: not yet)."""
     import os
 
-    from .procstats import listening_addresses
+    from ..procs.stats import listening_addresses
 
     return [(h, p) for h, p in listening_addresses(os.getpid()) if p == port]
 
@@ -125,7 +125,7 @@ def describe(port: int | None = None) -> str:
         if _state.tried:
             reason = _state.reason
         else:
-            from .loopback import bind_guard
+            from .bindguard import bind_guard
 
             reason = bind_guard(LOOPBACK).reason
         if reason:

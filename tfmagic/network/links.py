@@ -4,7 +4,7 @@ A :class:`LinkModel` is a rate (each way) and a one-way delay; a card is a
 task's model (``ps:0``), a link a source's model into a task
 (``worker:0->ps:0``, ``kernel->ps:0``).  This module parses them (one line
 for what is wrong) and reports them; the relay that keeps them is
-:mod:`tfmagic.netshape`.
+:mod:`tfmagic.network.shaper`.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .errors import BadNet
-from .units import parse_delay, parse_rate
+from ..errors import BadNet
+from ..units import parse_delay, parse_rate
 
 __all__ = [
     "CLOSED",
@@ -172,7 +172,7 @@ class NetModels:
                 "no modelled network: this cluster started without --net; "
                 'start with --net "ps:*" (a relay, no limit) to shape cards and links live'
             )
-        from .units import human_bytes
+        from ..units import human_bytes
 
         lines = [f"{'card / link':22s} {'model':28s} {'to task':>9s} {'from task':>9s}"]
         for r in self.rows:

@@ -1,6 +1,6 @@
 """Make a process slow on purpose: a straggler you can see.
 
-``python -m tfmagic.throttle PID FACTOR [PERIOD_MS]`` lets process PID run
+``python -m tfmagic.procs.throttle PID FACTOR [PERIOD_MS]`` lets process PID run
 1/FACTOR of the time: every period it is resumed (SIGCONT) for PERIOD/FACTOR
 and stopped (SIGSTOP) for the rest, the way ``cpulimit`` works.  Everything
 that process does slows down, whoever asks it (the training engine, a

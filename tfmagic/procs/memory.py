@@ -21,7 +21,7 @@ the machine; the smallest of those counts.
 
 Example::
 
-    from tfmagic.memory import check_fits, memory_available, memory_limit
+    from tfmagic.procs.memory import check_fits, memory_available, memory_limit
     memory_limit()                      # bytes: the lowest limit on this process
     check_fits(3, 420 * 2**20)          # raises WillNotFit when 3 tasks would not fit
 """
@@ -32,8 +32,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import WillNotFit
-from .units import human_bytes
+from ..errors import WillNotFit
+from ..units import human_bytes
 
 #: cgroup v1 writes "no limit" as a huge number (about 2**63, rounded to pages).
 _V1_UNLIMITED = 2**60

@@ -7,7 +7,7 @@ back, so a ps's link bounds the step) cannot be seen there.  Here it can.
 
 **Cards.** ``LocalCluster(net="ps:0 rate=100mbit delay=2ms")`` /
 ``%tf_cluster start --net "ps:* rate=100mbit"`` gives the named tasks a
-modelled network card: a relay process (:mod:`tfmagic.shaper_main`) that
+modelled network card: a relay process (:mod:`tfmagic.network.relay`) that
 every connection to them crosses at that rate (each direction, shared by all
 connections) and after that delay.  A task named without a model
 (``net="ps:*"``) gets a relay with no limit: it passes bytes as they come,
@@ -51,7 +51,7 @@ dropped).  A connection whose source
 the Shaper cannot name (a process that is neither a task nor the kernel, or
 no answer within the relay's 10 s) crosses the card only; while the answer is
 awaited its bytes wait at most 0.5 s, then cross the card only until it comes
-(see :mod:`tfmagic.shaper_main`).  The relay is a Python process,
+(see :mod:`tfmagic.network.relay`).  The relay is a Python process,
 so it passes at most a few hundred MB/s here (:data:`RELAY_LIMIT_BYTES_S`; a
 rate above that is not kept); it listens on loopback only, so local
 clusters only.
@@ -68,8 +68,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from .errors import BadNet
-from .netmodel import (  # noqa: F401 - the vocabulary, read as the relay's (netshape.LinkModel)
+from ..errors import BadNet
+from .links import (  # noqa: F401 - the vocabulary, read as the relay's (netshape.LinkModel)
     CLOSED,
     KERNEL,
     RELAY_LIMIT_BYTES_S,
@@ -101,7 +101,7 @@ class Shaper:
 
     ``sources()`` gives pid -> name (each task's process, and this process as ``kernel``);
     ``owners(pids)`` gives socket inode -> pid for those pids (the cluster passes
-    :func:`tfmagic.traffic.socket_inodes`).  Without them every connection crosses the card only.
+    :func:`tfmagic.network.traffic.socket_inodes`).  Without them every connection crosses the card only.
     """
 
     def __init__(
@@ -134,15 +134,15 @@ class Shaper:
         self._who_queue: queue.Queue = queue.Queue()
         self._who_started = False  # its WHO_THREADS threads start on the first lookup
         self._ids = itertools.count(1)
-        from . import owner
+        from ..procs import owner
 
         owner.register(self)
 
     def _spawn(self) -> None:
-        from .launchers.process import spawn
+        from ..launchers.process import spawn
 
         self.proc = spawn(
-            [sys.executable, "-m", "tfmagic.shaper_main"],
+            [sys.executable, "-m", "tfmagic.network.relay"],
             stdin=-1,
             stdout=-1,
             stderr=None,
@@ -180,7 +180,7 @@ class Shaper:
         """
         with self._ask_lock:
             self._end_process()
-            from . import owner
+            from ..procs import owner
 
             owner.forget(self)  # known by pid
             self._spawn()
@@ -404,7 +404,7 @@ class Shaper:
                 for _ in range(self.WHO_THREADS):
                     self._who_queue.put(None)
         self._end_process()
-        from . import owner
+        from ..procs import owner
 
         owner.forget(self)
 
@@ -436,7 +436,7 @@ def _row(kind: str, src: str | None, dst: str, model: LinkModel, to_task: int, f
 def _env() -> dict[str, str]:
     import os
 
-    from .launchers.process import PACKAGE_PARENT
+    from ..launchers.process import PACKAGE_PARENT
 
     env = dict(os.environ)
     env["PYTHONPATH"] = PACKAGE_PARENT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")

@@ -27,8 +27,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from .gilshare import yielding
-from .protocol import Op
+from ..gilshare import yielding
+from ..protocol import Op
 from .sockets import socket_inodes
 
 _ADDR = re.compile(r"^(.*):([0-9]+)$")
@@ -141,7 +141,7 @@ class TrafficMeter:
     # -- who is who --------------------------------------------------------------
     def _endpoints(self) -> tuple[dict[tuple[str, int], str], dict[int, str]]:
         """Listening addresses -> task, and pids on this host -> process name (task or 'kernel')."""
-        from . import client
+        from .. import client
 
         defn = self.cluster.cluster_def
         listening: dict[tuple[str, int], str] = {}
@@ -252,7 +252,7 @@ class Traffic:
         return sum(r["bytes"] for r in self.rows if r["src"] == src and r["dst"] == dst)
 
     def __str__(self) -> str:
-        from .units import human_bytes
+        from ..units import human_bytes
 
         lines = ["src        dst        bytes      now"]
         for r in self.rows:

@@ -25,7 +25,7 @@ guard works the same, only the first start of each process pays the compile.
 The notebook kernel's own client-side TF server starts inside the
 already-running kernel process, where no preload can reach: for it,
 :func:`guard_this_process` points the ``bind()`` entries of TensorFlow's
-loaded libraries at the same rewrite (see :mod:`tfmagic.clientserver`).
+loaded libraries at the same rewrite (see :mod:`tfmagic.network.clientserver`).
 What it cannot close: other users of the same machine reach loopback too
 (shared hosts, JupyterHub).  Those are told to
 the user, not hidden.  It needs Linux and a C compiler; without them
@@ -58,7 +58,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SOURCE = Path(__file__).parent / "_native" / "bindhost.c"
+SOURCE = Path(__file__).parents[1] / "_native" / "bindhost.c"
 
 #: Compiler flags; part of the cache key, so changing them rebuilds.
 CFLAGS = ("-shared", "-fPIC", "-O2", "-pthread")

@@ -3,7 +3,7 @@
 TensorFlow's own answer to a hang is a log line such as ``CreateSession
 still waiting for response from worker: /job:worker/replica:0/task:1``, or
 nothing at all.  ``cluster.why()`` reads what tfmagic knows (the waits under
-way in this process, :mod:`tfmagic.waits`; each task's process state, its
+way in this process, :mod:`tfmagic.doctor.waits`; each task's process state, its
 channel, its port, its log) and says it the way a person would::
 
     a sync step of training run sync has waited 4.1 s on worker:1
@@ -23,9 +23,10 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from . import net, waits
-from .protocol import Op
-from .spec import TaskName
+from ..network import ports
+from ..protocol import Op
+from ..spec import TaskName
+from . import waits
 
 #: How long something must have waited before it is reported.
 THRESHOLD = 2.0
@@ -236,7 +237,7 @@ def condition(cluster, task: TaskName) -> tuple[str, str]:
             else "%tf_cluster restart relay (the task and its variables are kept)",
         )
     address = cluster.cluster_def.address(task) if cluster.cluster_def else None
-    if address and not net.port_answers(address, timeout=1.0):
+    if address and not ports.port_answers(address, timeout=1.0):
         return (f"nothing listens on {address}: its server is not up", f"%tf_cluster restart {task} --force")
     return ("running", "")
 
