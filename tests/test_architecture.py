@@ -357,3 +357,41 @@ def test_the_loops_a_lesson_prints_are_the_algorithm_on_one_screen():
         lines = inspect.getsource(method).splitlines()
         assert len(lines) <= 40, f"{name} is {len(lines)} lines: move plumbing into named helpers"
         assert not re.search(r"self\._(run|work)\(", "\n".join(lines)), f"{name} only wraps the algorithm"
+
+
+def test_the_loops_and_the_policy_read_only_their_context_of_the_run():
+    """The sync and async loops and the failure policy get a narrow view of the run
+    (tfmagic/training/context.py): every attribute they read of it is one the protocol names."""
+    from tfmagic.training import context
+
+    def members(protocol) -> set[str]:
+        return {m for m in set(vars(protocol)) | set(protocol.__annotations__) if not m.startswith("_")}
+
+    read = {}
+    for module, holder, protocol in (
+        ("sync", "training", context.LoopContext),
+        ("asynchronous", "training", context.LoopContext),
+        ("failures", "run", context.PolicyContext),
+    ):
+        tree = ast.parse((PACKAGE / "training" / f"{module}.py").read_text())
+        used = set()
+        for node in ast.walk(tree):
+            # self.training.X / self.run.X, and run.X inside __init__ (the argument itself)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute):
+                inner = node.value
+                if isinstance(inner.value, ast.Name) and inner.value.id == "self" and inner.attr == holder:
+                    used.add(node.attr)
+            if isinstance(node, ast.FunctionDef) and node.name == "__init__":
+                for sub in ast.walk(node):
+                    if (
+                        isinstance(sub, ast.Attribute)
+                        and isinstance(sub.value, ast.Name)
+                        and sub.value.id == "run"
+                    ):
+                        used.add(sub.attr)
+        assert used, f"{module}: found no reads of the run (the check itself is broken)"
+        extra = used - members(protocol)
+        read[module] = sorted(extra)
+    assert read == {"sync": [], "asynchronous": [], "failures": []}, (
+        f"name these in training/context.py: {read}"
+    )

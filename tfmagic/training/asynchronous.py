@@ -19,12 +19,16 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .. import client
 from ..errors import TrainingError
 from ..metrics import GlobalStep, StepRecord
 from .params import clear_executor
 from .steps import RING, SKIPPED, Worker, start_worker_thread
+
+if TYPE_CHECKING:
+    from .context import LoopContext
 
 #: how many steps' numbers are fetched from a worker in one round trip
 FETCH_EVERY = 8
@@ -56,7 +60,7 @@ class Unread:
 class AsyncLoop:
     """One async run: a thread per worker steps as fast as that worker can."""
 
-    def __init__(self, run) -> None:
+    def __init__(self, run: LoopContext) -> None:
         self.training = run
         self.control, self.history, self.params = run.control, run.history, run.params
         self.policy = run.policy

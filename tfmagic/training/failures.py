@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from .. import client, doctor
 from ..cluster import membership as elastic
@@ -31,11 +32,16 @@ from .control import Control
 from .params import ParameterStore, clear_executor
 from .steps import Worker
 
+if TYPE_CHECKING:
+    from .context import PolicyContext
+
 
 class FailurePolicy:
     """Decides, for one run, what each failure means and what happens next."""
 
-    def __init__(self, run, control: Control, history: History, params: ParameterStore) -> None:
+    def __init__(
+        self, run: PolicyContext, control: Control, history: History, params: ParameterStore
+    ) -> None:
         self.run = run
         self.cluster = run.cluster
         self.config = run.config
@@ -266,7 +272,7 @@ class FailurePolicy:
             for w in self.workers.values():
                 if replace_workers and not w.retired:
                     w.joined, w.rebuild = False, True  # placed again, without a "rejoin" event
-            self.run.history.layout = self.run.layout()
+            self.history.layout = self.run.layout()
         except BaseException:
             self._release_leaving(leaving)
             raise

@@ -25,6 +25,7 @@ import queue
 import time
 from collections import Counter
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -33,6 +34,9 @@ from ..doctor import waits
 from ..metrics import GlobalStep, StepRecord
 from .params import clear_executor
 from .steps import Worker, fused_update, make_apply, start_worker_thread
+
+if TYPE_CHECKING:
+    from .context import LoopContext
 
 #: what :meth:`SyncLoop.wait_out_pace` returns for a step the update no longer waited for
 CANCELLED = -1.0
@@ -55,7 +59,7 @@ class Gradient:
 class SyncLoop:
     """One sync run: worker threads compute, this loop aggregates and applies."""
 
-    def __init__(self, run) -> None:
+    def __init__(self, run: LoopContext) -> None:
         self.training = run
         self.control, self.history, self.params = run.control, run.history, run.params
         self.policy = run.policy
@@ -386,7 +390,7 @@ class SyncLoop:
 class FusedSyncLoop:
     """Sync with every worker taking part and no pace: one call per update does all of it."""
 
-    def __init__(self, run) -> None:
+    def __init__(self, run: LoopContext) -> None:
         self.training = run
         self.control, self.history, self.params = run.control, run.history, run.params
         self.policy = run.policy
