@@ -104,7 +104,7 @@ def kernel():
     k = Kernel(env={"TFMAGIC_SPARES": "0"})
     k.ok("%load_ext tfmagic\nimport tfmagic, tensorflow as tf, time", timeout=60)
     yield k
-    pids = k.value("[p.pid for p in __import__('tfmagic').owner.processes()]")
+    pids = k.value("[p.pid for p in __import__('tfmagic.procs.owner', fromlist=['owner']).processes()]")
     k.shutdown()
     assert_gone(pids)
 

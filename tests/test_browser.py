@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
-import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -21,9 +18,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from tfmagic.network.ports import free_port
-
-from .conftest import assert_gone, poll_for, task_processes
+from .conftest import poll_for
+from .jupyterutil import JupyterServer
 
 pytestmark = [pytest.mark.browser, pytest.mark.cluster]
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,65 +67,16 @@ def server(tmp_path):
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, work / "dash.ipynb")
-    port, token = free_port(), secrets.token_hex(16)
-    env = dict(os.environ, TFMAGIC_SPARES="0")
-    env.pop("PYTEST_CURRENT_TEST", None)
-    for name in ("JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR"):
-        d = tmp_path / name.lower()
-        d.mkdir()
-        env[name] = str(d)
-    settings = (
-        tmp_path / "jupyter_config_dir" / "lab" / "user-settings" / "@jupyterlab" / "apputils-extension"
-    )
-    settings.mkdir(parents=True)
-    (settings / "notification.jupyterlab-settings").write_text(
+    settings = tmp_path / "jupyter_config_dir" / "lab" / "user-settings"
+    (settings / "@jupyterlab" / "apputils-extension").mkdir(parents=True)
+    (settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings").write_text(
         json.dumps({"fetchNews": "false", "checkForUpdates": False})
     )
-    env["JUPYTERLAB_SETTINGS_DIR"] = str(tmp_path / "jupyter_config_dir" / "lab" / "user-settings")
-    log = open(tmp_path / "server.log", "w")  # noqa: SIM115
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "jupyter",
-            "lab",
-            "--allow-root",
-            "--no-browser",
-            "--ServerApp.ip=127.0.0.1",
-            f"--port={port}",
-            "--port-retries=0",
-            f"--IdentityProvider.token={token}",
-            f"--ServerApp.root_dir={work}",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-        start_new_session=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-
-    def ready():
-        try:
-            urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
-            return True
-        except OSError:
-            return proc.poll() is not None
-
-    before = set(task_processes())
+    srv = JupyterServer(tmp_path, app="lab", env={"JUPYTERLAB_SETTINGS_DIR": str(settings)}, ready_s=60)
     try:
-        poll_for(ready, 60, what="the Jupyter server")
-        assert proc.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
-        yield base, token
+        yield srv.url.rstrip("/"), srv.token
     finally:
-        try:
-            req = urllib.request.Request(f"{base}/api/shutdown?token={token}", method="POST")
-            urllib.request.urlopen(req, timeout=10)
-            proc.wait(30)
-        except Exception:  # noqa: BLE001 - the server did not shut down: end it by its pid
-            proc.kill()
-            proc.wait(10)
-        log.close()
-        assert_gone(set(task_processes()) - before, timeout=20)
+        srv.stop(gone_s=20)
 
 
 def _browser():

@@ -22,7 +22,7 @@ def kernel():
     k = Kernel(env={"TFMAGIC_SPARES": "0", "TF_CPP_MIN_LOG_LEVEL": "0"})
     k.ok("%load_ext tfmagic\nimport tfmagic, tensorflow as tf")
     yield k
-    pids = k.value("[p.pid for p in __import__('tfmagic').owner.processes()]")
+    pids = k.value("[p.pid for p in __import__('tfmagic.procs.owner', fromlist=['owner']).processes()]")
     k.shutdown()
     assert_gone(pids)
 
@@ -178,7 +178,7 @@ def test_unload_stops_everything():
     try:
         k.ok("%load_ext tfmagic\n%tf_cluster start --ps 0 --workers 1", timeout=180)
         k.ok(WAIT_FOR_A_SPARE, timeout=180)
-        pids = k.value("[p.pid for p in __import__('tfmagic').owner.processes()]")
+        pids = k.value("[p.pid for p in __import__('tfmagic.procs.owner', fromlist=['owner']).processes()]")
         assert len(pids) >= 2, "a task and at least one spare"
         k.ok("%unload_ext tfmagic")
         assert_gone(pids, timeout=10)
@@ -191,7 +191,7 @@ def test_kernel_shutdown_stops_everything():
     k = Kernel(env={"TFMAGIC_SPARES": "1", "TFMAGIC_SPARE_BUDGET": "2GB"})
     k.ok("%load_ext tfmagic\n%tf_cluster start --ps 0 --workers 1", timeout=180)
     k.ok(WAIT_FOR_A_SPARE, timeout=180)
-    pids = k.value("[p.pid for p in __import__('tfmagic').owner.processes()]")
+    pids = k.value("[p.pid for p in __import__('tfmagic.procs.owner', fromlist=['owner']).processes()]")
     assert len(pids) >= 2, "a task and at least one spare"
     k.shutdown()
     assert_gone(pids, timeout=15)
@@ -218,7 +218,7 @@ def test_kill_minus_9_of_the_kernel_leaves_nothing(tmp_path):
     try:
         k.ok("%load_ext tfmagic\n%tf_cluster start --ps 0 --workers 1", timeout=180)
         k.ok(WAIT_FOR_A_SPARE, timeout=180)
-        pids = k.value("[p.pid for p in __import__('tfmagic').owner.processes()]")
+        pids = k.value("[p.pid for p in __import__('tfmagic.procs.owner', fromlist=['owner']).processes()]")
         assert len(pids) >= 2, "a task and at least one spare"
         os.kill(k.pid, signal.SIGKILL)
         assert_gone(pids, timeout=10)
@@ -236,7 +236,10 @@ def test_a_kernel_that_aborts_leaves_its_stacks_and_the_next_kernel_says_where(t
     """A kernel that dies of a fatal signal (here abort() in a cell, as TensorFlow's failed checks do)
     writes its threads' stacks into its log before it dies (ipykernel's pipe on fd 2 dies with it);
     the next kernel's %load_ext keeps that log out of the sweep of dead kernels and says where."""
-    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    # a private temporary directory too: a tfmagic process of the other test lane that starts meanwhile
+    # sweeps dead kernels' directories in its own temporary directory, and would report this one there
+    (tmp_path / "tmp").mkdir()
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "TMPDIR": str(tmp_path / "tmp")}
     first = Kernel(env=env)
     try:
         first.ok("%load_ext tfmagic", timeout=60)
@@ -413,7 +416,7 @@ def test_terminal_ipython_gets_text_and_a_picture_and_leaves_nothing_with_spares
         "import tfmagic\n"
         f"tfmagic.Dashboard.latest().save({str(png)!r})\n"
         f"{WAIT_FOR_A_SPARE}\n"
-        "print('PIDS', [p.pid for p in tfmagic.procs.owner.processes()])\n"
+        "print('PIDS', [p.pid for p in __import__('tfmagic.procs.owner', fromlist=['owner']).processes()])\n"
     )
     env = dict(os.environ, TFMAGIC_SPARES="1", TFMAGIC_SPARE_BUDGET="2GB")
     env.pop("PYTEST_CURRENT_TEST", None)

@@ -122,6 +122,8 @@ def test_every_readme_snippet_runs_as_written(tmp_path):
             ran.append((where, line))
         assert len(ran) >= 10, ran
     finally:
-        pids = kernel.value("[p.pid for p in __import__('tfmagic').owner.processes()]")
+        pids = kernel.value(
+            "[p.pid for p in __import__('tfmagic.procs.owner', fromlist=['owner']).processes()]"
+        )
         kernel.shutdown()
         assert_gone(pids)

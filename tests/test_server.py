@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 import shutil
 import subprocess
 import sys
@@ -28,9 +27,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tfmagic.network.ports import free_port
-
-from .conftest import assert_gone, poll_for, task_processes
+from .conftest import assert_gone, poll_for
+from .jupyterutil import JupyterServer
 
 pytestmark = [pytest.mark.server, pytest.mark.kernel, pytest.mark.cluster]
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,29 +66,12 @@ def _extension_config_installed() -> bool:
     return data.exists()
 
 
-class Server:
-    def __init__(self, proc, url: str, token: str, runtime: Path, work: Path) -> None:
-        self.proc, self.url, self.token, self.runtime, self.work = proc, url, token, runtime, work
-
-    def api(self, method: str, path: str, body: dict | None = None) -> dict | None:
-        req = urllib.request.Request(
-            f"{self.url}{path}?token={self.token}",
-            method=method,
-            data=None if body is None else json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=60) as r:
-            text = r.read()
-        return json.loads(text) if text else None
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """A Jupyter server on loopback with base URL /user/test/ and a token; tfmagic's extension as installed."""
     tmp = tmp_path_factory.mktemp("server")
-    work = tmp / "work"
-    work.mkdir()
-    (work / "class.ipynb").write_text(
+    (tmp / "work").mkdir()
+    (tmp / "work" / "class.ipynb").write_text(
         json.dumps(
             {
                 "cells": [],
@@ -102,72 +83,29 @@ def server(tmp_path_factory):
             }
         )
     )
-    env = dict(os.environ, TFMAGIC_SPARES="0")
-    for name in ("PYTEST_CURRENT_TEST", "TFMAGIC_PUBLISH_DIR", "TENSORBOARD_PROXY_URL"):
-        env.pop(name, None)
-    for name in ("JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR"):
-        d = tmp / name.lower()
-        d.mkdir(mode=0o700)
-        env[name] = str(d)
+    env = {}
     if not _extension_config_installed():
         # An editable install (pip install -e) does not install data files: read the same file
         # from the repository, through the same config mechanism a real install uses.
         env["JUPYTER_CONFIG_PATH"] = str(ROOT / "jupyter-config")
-    port, token = free_port(), secrets.token_hex(16)
-    log = open(tmp / "server.log", "w")  # noqa: SIM115 - closed in the teardown below
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "jupyter",
-            "server",
-            "--allow-root",
-            "--no-browser",
-            "--ServerApp.ip=127.0.0.1",
-            f"--port={port}",
-            "--port-retries=0",
-            f"--IdentityProvider.token={token}",
-            f"--ServerApp.base_url={BASE_URL}",
-            f"--ServerApp.root_dir={work}",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
+    srv = JupyterServer(
+        tmp,
+        app="server",
+        base_url=BASE_URL,
         env=env,
-        start_new_session=True,
+        drop_env=("TFMAGIC_PUBLISH_DIR", "TENSORBOARD_PROXY_URL"),
     )
-    url = f"http://127.0.0.1:{port}{BASE_URL}"
-    srv = Server(proc, url, token, Path(env["JUPYTER_RUNTIME_DIR"]), work)
-
-    def ready():
-        if proc.poll() is not None:
-            raise AssertionError("the Jupyter server ended: " + (tmp / "server.log").read_text()[-3000:])
-        try:
-            return _get(f"{url}api/status?token={token}")[0] == 200
-        except OSError:
-            return False
-
-    before = set(task_processes())
     try:
-        poll_for(
-            ready, 180, what="the Jupyter server"
-        )  # a minute and more when other test runs load the machine
         yield srv
     finally:
-        try:
-            srv.api("POST", "api/shutdown")
-            proc.wait(30)
-        except Exception:  # noqa: BLE001 - the server did not shut down: end it by its pid
-            proc.kill()
-            proc.wait(10)
-        log.close()
-        assert_gone(set(task_processes()) - before, timeout=30)
+        srv.stop()
         assert not list(srv.runtime.glob("tfmagic-pages-*")), "the server left its pages directory behind"
 
 
 class Kernel:
     """The notebook's kernel, started by the server (as a notebook page does), driven by jupyter_client."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: JupyterServer) -> None:
         from jupyter_client import BlockingKernelClient
 
         self.server = server

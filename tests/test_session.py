@@ -105,7 +105,7 @@ def test_a_finished_tf_train_leaves_nothing_subscribed():
         assert k.value("run.dashboard.refreshing") is False
         k.ok("%tf_cluster stop")
     finally:
-        pids = k.value("[p.pid for p in __import__('tfmagic').owner.processes()]")
+        pids = k.value("[p.pid for p in __import__('tfmagic.procs.owner', fromlist=['owner']).processes()]")
         k.shutdown()
         from .conftest import assert_gone
 

@@ -91,7 +91,9 @@ class Soak:
         )
 
     def check_processes(self) -> None:
-        owned = set(self.k.value("[p.pid for p in tfmagic.procs.owner.processes()]"))
+        owned = set(
+            self.k.value("[p.pid for p in __import__('tfmagic.procs.owner', fromlist=['owner']).processes()]")
+        )
         deadline = time.monotonic() + 15
         while True:
             live = _kernel_processes(self.k.pid)
@@ -103,7 +105,11 @@ class Soak:
                     f"{sorted(owned)}; seed {self.seed}, log:\n" + "\n".join(self.log[-12:])
                 )
             time.sleep(0.2)
-            owned = set(self.k.value("[p.pid for p in tfmagic.procs.owner.processes()]"))
+            owned = set(
+                self.k.value(
+                    "[p.pid for p in __import__('tfmagic.procs.owner', fromlist=['owner']).processes()]"
+                )
+            )
         assert len(live["keepers"]) <= len(live["tasks"]), live
 
     # -- actions ----------------------------------------------------------------------

@@ -57,12 +57,22 @@ _EXPORTS = {
 }
 
 
+#: modules that were reachable as ``tfmagic.NAME`` before they moved into a package
+_MOVED = {"owner": "procs.owner"}
+
+
 def __getattr__(name: str):
     module = _EXPORTS.get(name)
     if module is None:
+        if name in _MOVED:  # the name a module had before the packages (network, procs, doctor)
+            import importlib
+
+            return importlib.import_module(f".{_MOVED[name]}", __name__)
         if name in (
             "launchers",
-            "owner",
+            "network",
+            "procs",
+            "doctor",
             "pool",
             "client",
             "magics",

@@ -1,0 +1,116 @@
+"""The tests' one Jupyter server launcher: a real server (``jupyter server`` or ``jupyter lab``) on a
+free loopback port with a token, private config, data and runtime directories, and its log kept.
+
+Used by the server tests (the extension, TensorBoard behind the proxy) and the browser tests (the
+dashboard in JupyterLab, Notebook 7 and Voila).  Stopping it goes through the server's own shutdown
+API (which ends its kernels, as closing Jupyter does), then its pid; a teardown checks that no task
+process started meanwhile outlives it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+from tfmagic.network.ports import free_port
+
+from .conftest import assert_gone, poll_for, task_processes
+
+
+class JupyterServer:
+    """``app`` is "server" or "lab"; ``base_url`` as a hub would give it; ``env`` is added to this
+    process's environment (with spares off, and pytest's marker removed so kernels forward output)."""
+
+    def __init__(
+        self,
+        tmp: Path,
+        app: str = "server",
+        base_url: str = "/",
+        env: dict[str, str] | None = None,
+        drop_env: tuple[str, ...] = (),
+        ready_s: float = 180,
+    ) -> None:
+        self.tmp = tmp
+        self.work = tmp / "work"
+        self.work.mkdir(exist_ok=True)
+        environment = dict(os.environ, TFMAGIC_SPARES="0")
+        for name in ("PYTEST_CURRENT_TEST", *drop_env):
+            environment.pop(name, None)
+        for name in ("JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR"):
+            d = tmp / name.lower()
+            d.mkdir(mode=0o700, exist_ok=True)
+            environment[name] = str(d)
+        environment.update(env or {})
+        self.runtime = Path(environment["JUPYTER_RUNTIME_DIR"])
+        self.port, self.token = free_port(), secrets.token_hex(16)
+        self.log_path = tmp / "server.log"
+        self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "jupyter",
+                app,
+                "--allow-root",
+                "--no-browser",
+                "--ServerApp.ip=127.0.0.1",
+                f"--port={self.port}",
+                "--port-retries=0",
+                f"--IdentityProvider.token={self.token}",
+                f"--ServerApp.base_url={base_url}",
+                f"--ServerApp.root_dir={self.work}",
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=environment,
+            start_new_session=True,
+        )
+        self.url = f"http://127.0.0.1:{self.port}{base_url}"
+        self.before = set(task_processes())
+        try:
+            # a minute and more when the other test lane loads the machine
+            poll_for(self._ready, ready_s, what="the Jupyter server")
+        except BaseException:
+            self.stop(check=False)
+            raise
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+    def _ready(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError("the Jupyter server ended: " + self.log_tail())
+        try:
+            with urllib.request.urlopen(f"{self.url}api/status?token={self.token}", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def api(self, method: str, path: str, body: dict | None = None) -> dict | None:
+        """One call of the server's REST API (``path`` below the base URL)."""
+        req = urllib.request.Request(
+            f"{self.url}{path}?token={self.token}",
+            method=method,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=60) as r:
+            text = r.read()
+        return json.loads(text) if text else None
+
+    def stop(self, check: bool = True, gone_s: float = 30) -> None:
+        """The server's shutdown (its kernels end with it), then its pid; nothing it started may live."""
+        try:
+            self.api("POST", "api/shutdown")
+            self.proc.wait(30)
+        except Exception:  # noqa: BLE001 - the server did not shut down: end it by its pid
+            self.proc.kill()
+            self.proc.wait(10)
+        self._log.close()
+        if check:
+            assert_gone(set(task_processes()) - self.before, timeout=gone_s)
