@@ -434,6 +434,37 @@ def test_a_stopped_ps_is_not_removed_with_its_variables(two_workers):
     assert_gone([pid])
 
 
+def test_membership_waits_for_a_stopped_task_instead_of_leaving_it_out(two_workers):
+    """An add while worker:0 was SIGSTOPped renewed the client's connection without worker:0's
+    devices: the add finished, and every op on worker:0 failed afterwards with "unknown device" even
+    once it was continued. Adding or removing is refused in one line while another task is stopped,
+    and nothing changes; continued, the add works and worker:0 still takes ops."""
+    import os
+    import signal
+
+    import tensorflow as tf
+
+    from tfmagic.errors import BadClusterShape
+
+    cluster = two_workers
+    cluster.connect()
+    pid = cluster.procs["worker:0"].pid
+    before = {t: p.pid for t, p in cluster.procs.items()}
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        poll_for(lambda: cluster.condition("worker:0").startswith("stopped"), 10, what="worker:0 to stop")
+        for change in (lambda: cluster.add("worker"), lambda: cluster.remove("worker:1")):
+            with pytest.raises(BadClusterShape, match=r"worker:0 is stopped.*kill -CONT") as err:
+                change()
+            assert "\n" not in str(err.value)
+            assert {t: p.pid for t, p in cluster.procs.items()} == before, "the cluster is as it was"
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    cluster.add("worker")
+    with tf.device("/job:worker/replica:0/task:0"):
+        assert int((tf.constant(20) + 22).numpy()) == 42  # in the connection: its device is known
+
+
 def test_ssh_cluster_grows_and_shrinks_in_place(no_leaks):
     """The same path through the SSH launcher: a private sshd on loopback (tests/sshhosts.py)."""
     import sys
