@@ -386,8 +386,12 @@ def remove(cluster, task: str | TaskName, drain: bool = False, timeout: float = 
     return Removed(t, time.monotonic() - t0, drain, waited, notes)
 
 
+#: the conditions (``Cluster.condition``) of a live task that cannot answer a connection's renewal
+SILENT = ("stopped", "not answering")
+
+
 def _answers(cluster, t: TaskName) -> bool:
-    return cluster.procs[t].alive and not cluster.condition(t).startswith(("stopped", "not answering"))
+    return cluster.procs[t].alive and not cluster.condition(t).startswith(SILENT)
 
 
 def _check_the_others_answer(cluster, doing: str, but: TaskName | None = None) -> None:
@@ -403,7 +407,7 @@ def _check_the_others_answer(cluster, doing: str, but: TaskName | None = None) -
         if t == but or not cluster.procs[t].alive:
             continue
         state = cluster.condition(t)
-        if state.startswith(("stopped", "not answering")):
+        if state.startswith(SILENT):
             raise BadClusterShape(
                 f"{t} is {state}: {doing} renews the client's connection, which would leave {t} out of it "
                 f"for good; continue it (kill -CONT {cluster.procs[t].task_pid}) and try again, or "
