@@ -402,3 +402,55 @@ def test_main_job_tfmagic_demo_runs_end_to_end():
     assert "w = 1.99" in out.stdout or "w = 2.00" in out.stdout
     assert "processes left behind: 0" in out.stdout
     assert "E0000" not in out.stderr, "TensorFlow's native noise is kept out of the demo's output"
+
+
+# -- another user of this machine (issue 24 item 0: students on one hub) -------------------------
+_HTTP2_PREFACE = r"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+
+def bytes_answered(port: int, user: int | None = None) -> int:
+    """How many bytes a gRPC server at 127.0.0.1:``port`` answers to HTTP/2's preface (its first
+    SETTINGS frame: about 46), sent by ``user`` (a uid; None: this process's user) through bash's
+    /dev/tcp (this Python lives where another user may not run it). 0: the connection was closed
+    before the server saw a byte."""
+    script = f"exec 3<>/dev/tcp/127.0.0.1/{port}; printf '{_HTTP2_PREFACE}' >&3; timeout 5 cat <&3 | wc -c"
+    done = subprocess.run(
+        ["/bin/bash", "-c", script], user=user, cwd="/", capture_output=True, text=True, timeout=30
+    )
+    return int(done.stdout.strip() or 0)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="connecting as another user needs root")
+def test_another_user_of_the_machine_reaches_no_task_and_not_the_kernel(local_cluster):
+    """Every task server and this client's own TensorFlow server close another user's connection
+    before gRPC reads a byte (the bind library's peer check); this user's connections are served."""
+    import pwd
+
+    import tensorflow as tf
+
+    from tfmagic.client import client_port
+    from tfmagic.network import clientserver
+
+    local_cluster.connect()
+    with local_cluster.device("worker:0"):
+        assert (tf.constant(1.0) + 1.0).numpy() == 2.0
+    poll_for(lambda: clientserver.listening(client_port()), 20, what="the client's own server to listen")
+    nobody = pwd.getpwnam("nobody").pw_uid
+    tasks = local_cluster.cluster_def.tasks()
+    ports = {str(t): int(local_cluster.address(t).rsplit(":", 1)[1]) for t in tasks}
+    ports["the client"] = client_port()
+    for name, port in ports.items():
+        assert bytes_answered(port) > 0, f"{name} does not answer this user"
+        assert bytes_answered(port, user=nobody) == 0, f"{name} answered another user"
+    log = local_cluster.logs("worker:0", tail=None, native=True)
+    assert "refused a connection from loopback port" in log and "another user's process" in log
+    assert "admit your own processes only" in local_cluster.launcher.security_note()
+    note = " ".join(local_cluster.status().notes)
+    assert "to your own processes only" in note, note
+
+
+def test_a_task_polls_four_grpc_completion_queues_not_sixty_four(local_cluster):
+    """TensorFlow's default of 64 queues, a thread each, made a task of 107 threads
+    (bench/grpc_queues.py); tfmagic gives its tasks 4."""
+    for task, proc in local_cluster.procs.items():
+        assert psutil.Process(proc.pid).num_threads() < 64, task

@@ -473,6 +473,23 @@ def test_a_loopback_client_runs_ops_on_the_guarded_server(servers):
     assert not psutil.pid_exists(client.pid) or psutil.Process(client.pid).status() == psutil.STATUS_ZOMBIE
 
 
+@pytest.mark.cluster
+@pytest.mark.skipif(os.getuid() != 0, reason="connecting as another user needs root")
+def test_another_users_connection_is_closed_before_grpc_reads_a_byte(servers):
+    """The guarded server closes a connection whose socket belongs to another user (the socket
+    table says so) and says so in its log; the unguarded one serves it, so this test can fail."""
+    import pwd
+
+    from .test_cluster import bytes_answered
+
+    nobody = pwd.getpwnam("nobody").pw_uid
+    guarded, open_ = servers["guarded"], servers["open"]
+    assert bytes_answered(guarded.port, user=nobody) == 0
+    assert bytes_answered(guarded.port) > 0
+    assert bytes_answered(open_.port, user=nobody) > 0
+    assert "another user's process" in guarded.log.read_text(errors="replace")
+
+
 # --- another host: a network namespace on a veth pair ------------------------------------------
 
 HOST_ADDR, NS_ADDR = "10.241.0.1", "10.241.0.2"

@@ -189,7 +189,10 @@ def test_the_clients_tensorflow_server_is_kept_off_the_network(ns_hosts):
                 break
         assert "PORT" in lines, "the client did not connect"
         port = int(lines["PORT"])
-        assert lines["NOTE"] == f"this kernel serves TensorFlow on 127.0.0.1 only (port {port})"
+        assert (
+            lines["NOTE"]
+            == f"this kernel serves TensorFlow on 127.0.0.1 only (port {port}), to your own processes only"
+        )
         bridge = f"{sshhosts.SUBNET}.1"
         assert _probe_from(None, f"127.0.0.1:{port}", f"{bridge}:{port}") == ["answers", "silent"]
         assert _probe_from(ns_hosts.namespaces[0], f"{bridge}:{port}") == ["silent"]

@@ -14,6 +14,14 @@
  * cannot take a mapped address, so its bind fails (EINVAL) instead of
  * listening everywhere, and gRPC falls back to its AF_INET socket.
  *
+ * With TFMAGIC_OWN_PEERS=1 it also keeps other users out: accept() and
+ * accept4() close a connection from a loopback address whose socket, in the
+ * kernel's socket table (/proc/net/tcp, tcp6), belongs to another user than
+ * this process's (root excepted), and go on to the next one, so the server
+ * never sees it.  Connections from other hosts are not judged here (the
+ * address they are allowed on is).  Each refusal is one line on stderr (the
+ * first 5, then every 1000th).
+ *
  * The environment is read once, when the library is loaded (a later setenv
  * in the process has no effect, and getenv never races with it); bind()
  * itself only copies the address onto the stack.  TFMAGIC_BIND_DEBUG=1
@@ -25,7 +33,9 @@
  * global offset tables of the loaded objects whose path contains `match`
  * ("/tensorflow/": TensorFlow's own libraries, where gRPC lives) at the same
  * rewrite, and returns how many it changed (0: nothing to change, so the
- * caller must not claim the guard; -1: a bad host).  Every other library of
+ * caller must not claim the guard; -1: a bad host).
+ * tfmagic_own_peers_loaded(match) does the same for accept() and accept4()
+ * with the peer check on, and returns how many entries it changed.  Every other library of
  * the process (the kernel's own ZeroMQ sockets, say) keeps libc's bind.
  */
 #define _GNU_SOURCE
@@ -44,6 +54,8 @@
 #include <unistd.h>
 
 typedef int (*bind_fn)(int, const struct sockaddr *, socklen_t);
+typedef int (*accept_fn)(int, struct sockaddr *, socklen_t *);
+typedef int (*accept4_fn)(int, struct sockaddr *, socklen_t *, int);
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static bind_fn real_bind;
@@ -51,9 +63,19 @@ static int enabled;
 static int debug;
 static struct in_addr want;
 static struct in6_addr want_mapped;
+static accept_fn real_accept;
+static accept4_fn real_accept4;
+static int own_peers;
+static uid_t me;
+static unsigned long refused;
 
 static void init(void) {
     real_bind = (bind_fn)dlsym(RTLD_NEXT, "bind");
+    real_accept = (accept_fn)dlsym(RTLD_NEXT, "accept");
+    real_accept4 = (accept4_fn)dlsym(RTLD_NEXT, "accept4");
+    me = geteuid();
+    const char *peers = getenv("TFMAGIC_OWN_PEERS");
+    own_peers = peers && strcmp(peers, "1") == 0;
     const char *host = getenv("TFMAGIC_BIND_HOST");
     if (host && inet_pton(AF_INET, host, &want) == 1) {
         memset(&want_mapped, 0, sizeof want_mapped);
@@ -114,10 +136,127 @@ static int guarded_bind(int fd, const struct sockaddr *addr, socklen_t len) {
 
 int bind(int fd, const struct sockaddr *addr, socklen_t len) { return guarded_bind(fd, addr, len); }
 
+/* -- accept: this user's connections only --------------------------------- */
+
+/* The loopback peer of a connected socket: its port, and ours; 0 when the peer is not on loopback. */
+static int loopback_ports(int fd, unsigned *peer_port, unsigned *our_port) {
+    struct sockaddr_storage peer, local;
+    socklen_t plen = sizeof peer, llen = sizeof local;
+    if (getpeername(fd, (struct sockaddr *)&peer, &plen) != 0) return -1;
+    if (getsockname(fd, (struct sockaddr *)&local, &llen) != 0) return -1;
+    if (peer.ss_family == AF_INET) {
+        const struct sockaddr_in *p = (const struct sockaddr_in *)&peer;
+        if ((ntohl(p->sin_addr.s_addr) >> 24) != 127) return 0;
+        *peer_port = ntohs(p->sin_port);
+    } else if (peer.ss_family == AF_INET6) {
+        const struct sockaddr_in6 *p = (const struct sockaddr_in6 *)&peer;
+        const unsigned char *b = p->sin6_addr.s6_addr;
+        int mapped = IN6_IS_ADDR_V4MAPPED(&p->sin6_addr) && b[12] == 127;
+        if (!mapped && !IN6_IS_ADDR_LOOPBACK(&p->sin6_addr)) return 0;
+        *peer_port = ntohs(p->sin6_port);
+    } else {
+        return 0;
+    }
+    *our_port = local.ss_family == AF_INET ? ntohs(((const struct sockaddr_in *)&local)->sin_port)
+                                           : ntohs(((const struct sockaddr_in6 *)&local)->sin6_port);
+    return 1;
+}
+
+/* Rows of a socket table whose local port is `peer` and remote port `ours`: how many, and how
+ * many belong to another user (not root).  Columns: sl local rem st tx:rx tr:when retr uid ... */
+static void scan_table(const char *path, unsigned peer, unsigned ours, int *found, int *foreign) {
+    FILE *f = fopen(path, "re");
+    if (!f) return;
+    char line[512];
+    if (!fgets(line, sizeof line, f)) { /* the header */
+        fclose(f);
+        return;
+    }
+    while (fgets(line, sizeof line, f)) {
+        char local[64], remote[64];
+        unsigned long uid;
+        if (sscanf(line, " %*s %63s %63s %*s %*s %*s %*s %lu", local, remote, &uid) != 3) continue;
+        char *lp = strrchr(local, ':'), *rp = strrchr(remote, ':');
+        if (!lp || !rp) continue;
+        if (strtoul(lp + 1, NULL, 16) != peer || strtoul(rp + 1, NULL, 16) != ours) continue;
+        (*found)++;
+        if (uid != (unsigned long)me && uid != 0) (*foreign)++;
+    }
+    fclose(f);
+}
+
+/* 1: let the connection in (this user's, root's, or not from loopback); 0: another user's, or
+ * nobody's the table shows (the other end already gone). */
+static int admitted(int fd) {
+    unsigned peer = 0, ours = 0;
+    int where = loopback_ports(fd, &peer, &ours);
+    if (where == 0) return 1;
+    if (where < 0) return 0;
+    int found = 0, foreign = 0;
+    scan_table("/proc/net/tcp", peer, ours, &found, &foreign);
+    scan_table("/proc/net/tcp6", peer, ours, &found, &foreign);
+    if (found > 0 && foreign == 0) return 1;
+    unsigned long n = __atomic_add_fetch(&refused, 1, __ATOMIC_RELAXED);
+    if (n <= 5 || n % 1000 == 0) {
+        char text[200];
+        int len = snprintf(text, sizeof text,
+                           "tfmagic bindhost: refused a connection from loopback port %u (%s; %lu refused)\n",
+                           peer, found ? "another user's process" : "its socket is gone", n);
+        if (len > 0) {
+            int saved = errno;
+            ssize_t ignored = write(2, text, (size_t)len < sizeof text ? (size_t)len : sizeof text - 1);
+            (void)ignored;
+            errno = saved;
+        }
+    }
+    return 0;
+}
+
+/* accept4 with flags, or accept when `plain`: the next connection this user may make. */
+static int checked_accept(int fd, struct sockaddr *addr, socklen_t *len, int flags, int plain) {
+    pthread_once(&once, init);
+    for (;;) {
+        socklen_t room = len ? *len : 0;
+        int conn;
+        if (plain) {
+            if (!real_accept) {
+                errno = ENOSYS;
+                return -1;
+            }
+            conn = real_accept(fd, addr, len);
+        } else {
+            if (!real_accept4) {
+                errno = ENOSYS;
+                return -1;
+            }
+            conn = real_accept4(fd, addr, len, flags);
+        }
+        if (conn < 0 || !own_peers || admitted(conn)) return conn;
+        close(conn); /* then the next one: a non-blocking listener says EAGAIN when there is none */
+        if (len) *len = room;
+    }
+}
+
+static int guarded_accept(int fd, struct sockaddr *addr, socklen_t *len) {
+    return checked_accept(fd, addr, len, 0, 1);
+}
+
+static int guarded_accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags) {
+    return checked_accept(fd, addr, len, flags, 0);
+}
+
+int accept(int fd, struct sockaddr *addr, socklen_t *len) { return guarded_accept(fd, addr, len); }
+
+int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags) {
+    return guarded_accept4(fd, addr, len, flags);
+}
+
 /* -- the running process: rewrite the GOT entries of bind ----------------- */
 
 struct patch_job {
     const char *match;
+    const char *symbol; /* the entries to point at `to` */
+    void *to;
     int changed;
 };
 
@@ -183,13 +322,13 @@ static int patch_object(struct dl_phdr_info *info, size_t size, void *data) {
             const ElfW(Rela) *r = &tables[t][i];
             if (!is_bind_slot(ELF64_R_TYPE(r->r_info))) continue;
             const ElfW(Sym) *sym = &symtab[ELF64_R_SYM(r->r_info)];
-            if (strcmp(strtab + sym->st_name, "bind") != 0) continue;
+            if (strcmp(strtab + sym->st_name, job->symbol) != 0) continue;
             void **slot = (void **)(base + r->r_offset);
-            if (*slot == (void *)guarded_bind) {
+            if (*slot == job->to) {
                 job->changed++;
                 continue;
             }
-            if (write_slot(slot, (void *)guarded_bind) != 0) continue;
+            if (write_slot(slot, job->to) != 0) continue;
             if ((ElfW(Addr))slot >= relro_start && (ElfW(Addr))slot < relro_end) {
                 long page = sysconf(_SC_PAGESIZE);
                 mprotect((void *)((ElfW(Addr))slot & ~(ElfW(Addr))(page - 1)), (size_t)page, PROT_READ);
@@ -212,7 +351,26 @@ int tfmagic_guard_loaded(const char *host, const char *match) {
     want_mapped.s6_addr[11] = 0xff;
     memcpy(&want_mapped.s6_addr[12], &want, 4);
     __atomic_store_n(&enabled, 1, __ATOMIC_SEQ_CST);
-    struct patch_job job = {match, 0};
+    struct patch_job job = {match, "bind", (void *)guarded_bind, 0};
     dl_iterate_phdr(patch_object, &job);
     return job.changed;
+}
+
+int tfmagic_own_peers_loaded(const char *match) {
+    pthread_once(&once, init);
+    if (!match) return -1;
+    if (!real_accept) real_accept = (accept_fn)dlsym(RTLD_DEFAULT, "accept");
+    if (!real_accept4) real_accept4 = (accept4_fn)dlsym(RTLD_DEFAULT, "accept4");
+    if (real_accept == guarded_accept || real_accept4 == guarded_accept4) return 0;
+    if (!real_accept || !real_accept4) return 0;
+    __atomic_store_n(&own_peers, 1, __ATOMIC_SEQ_CST);
+    int changed = 0;
+    const char *symbols[2] = {"accept", "accept4"};
+    void *to[2] = {(void *)guarded_accept, (void *)guarded_accept4};
+    for (int i = 0; i < 2; i++) {
+        struct patch_job job = {match, symbols[i], to[i], 0};
+        dl_iterate_phdr(patch_object, &job);
+        changed += job.changed;
+    }
+    return changed;
 }

@@ -113,8 +113,8 @@ class LocalLauncher(PopenLauncher):
     def security_note(self) -> str:
         if self.loopback_only:
             return (
-                "task servers listen on 127.0.0.1 only, but run any TensorFlow graph "
-                "sent to them by anyone on this machine"
+                "task servers listen on 127.0.0.1 only and admit your own processes only, "
+                "but run any TensorFlow graph those send"
             )
         reason = self.guard.reason if self.guard is not None else "loopback_only=False was asked for"
         return (

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..logs import read_tail
+from ..network import clientserver
 from .base import Launcher, TaskHandle
 from .channel import TaskProcess
 
@@ -36,6 +37,7 @@ TASK_ENV: dict[str, str | None] = {
     "GRPC_FAIL_FAST": "use_caller",
     "PYTHONUNBUFFERED": "1",
     "TF_CONFIG": None,
+    **clientserver.GRPC_ENV,  # a polling thread per completion queue: 4, not 64
 }
 
 

@@ -26,9 +26,11 @@ The notebook kernel's own client-side TF server starts inside the
 already-running kernel process, where no preload can reach: for it,
 :func:`guard_this_process` points the ``bind()`` entries of TensorFlow's
 loaded libraries at the same rewrite (see :mod:`tfmagic.network.clientserver`).
-What it cannot close: other users of the same machine reach loopback too
-(shared hosts, JupyterHub).  Those are told to
-the user, not hidden.  It needs Linux and a C compiler; without them
+Other users of the same machine reach loopback too (shared hosts, JupyterHub):
+the same library (``TFMAGIC_OWN_PEERS=1``, and :func:`own_peers_this_process`
+in the kernel) closes every loopback connection whose socket the kernel's socket
+table gives to another user, before gRPC sees it.  What it cannot close: the
+user's own processes (any of them can send a graph), and root.  It needs Linux and a C compiler; without them
 :func:`bind_guard` says why in one sentence instead of failing.
 
 Example::
@@ -293,7 +295,8 @@ def bind_guard(host: str = "127.0.0.1", base_env: Mapping[str, str] | None = Non
     existing = (base_env if base_env is not None else os.environ).get("LD_PRELOAD", "")
     others = [p for p in existing.replace(" ", ":").split(":") if p and p != library]
     preload = ":".join([library, *others])
-    return BindGuard(True, env={"LD_PRELOAD": preload, "TFMAGIC_BIND_HOST": str(address)}, library=library)
+    env = {"LD_PRELOAD": preload, "TFMAGIC_BIND_HOST": str(address), "TFMAGIC_OWN_PEERS": "1"}
+    return BindGuard(True, env=env, library=library)
 
 
 def guard_this_process(host: str = "127.0.0.1", match: str = "/tensorflow/") -> tuple[int, str]:
@@ -321,3 +324,24 @@ def guard_this_process(host: str = "127.0.0.1", match: str = "/tensorflow/") -> 
     if changed <= 0:
         return 0, f"no library under {match!r} is loaded with a bind() entry tfmagic can change, {mine}"
     return changed, ""
+
+
+def own_peers_this_process(match: str = "/tensorflow/") -> int:
+    """Let only this user's processes (and root's) connect from loopback to the servers of the
+    libraries under ``match``; returns how many ``accept`` entries now check (0: none could).
+
+    The running process's counterpart of ``TFMAGIC_OWN_PEERS=1`` (see ``_native/bindhost.c``):
+    without it any user of a shared machine could send graphs to this process's TensorFlow server.
+    """
+    import ctypes
+
+    guard = bind_guard()
+    if not guard.available:
+        return 0
+    try:
+        fn = ctypes.CDLL(guard.library).tfmagic_own_peers_loaded
+    except (OSError, AttributeError):
+        return 0
+    fn.argtypes = [ctypes.c_char_p]
+    fn.restype = ctypes.c_int
+    return max(0, fn(match.encode()))

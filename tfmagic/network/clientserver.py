@@ -14,19 +14,29 @@ from this server, at this machine's address on the route to them.  For those, :f
 listens on that one address and the client's port and passes on connections from the cluster's own
 hosts only; anyone else is refused before a byte reaches TensorFlow.
 
-What stays open: any process of this machine can reach ``127.0.0.1`` (other users of a shared host
-included), and a door admits every process of the hosts it admits.  :func:`describe` says where the
+Other users of this machine reach ``127.0.0.1`` too: their connections are closed before TensorFlow
+sees them (the bind library's peer check, :func:`~tfmagic.network.bindguard.own_peers_this_process`).
+What stays open: any process of this user, and a door admits every process of the hosts it admits.  :func:`describe` says where the
 server listens, measured from this process's socket table, not assumed.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 import threading
 from dataclasses import dataclass, field
 
 LOOPBACK = "127.0.0.1"
+
+#: Every TensorFlow server (a task's, and the one a client starts when it connects) makes
+#: ``TF_GRPC_WORKER_CACHE_QUEUES`` completion queues for its calls to other tasks, a polling thread
+#: each: 64 by default (``CreateGrpcWorkerEnv``, TensorFlow's grpc_worker_cache.cc), 60 threads a
+#: task that a laptop's few cores never use.  4: a task of 1 ps + 4 workers went from 107 threads
+#: to 47, the client from 111 to 51, memory and async updates a second unchanged within the noise
+#: (``python bench/grpc_queues.py``).  Read once per process, when its first server starts.
+GRPC_ENV = {"TF_GRPC_WORKER_CACHE_QUEUES": os.environ.get("TF_GRPC_WORKER_CACHE_QUEUES", "4")}
 
 _lock = threading.Lock()
 
@@ -35,6 +45,7 @@ _lock = threading.Lock()
 class _State:
     tried: bool = False
     guarded: bool = False
+    own_peers: bool = False  # loopback connections of other users are closed before TensorFlow
     reason: str = ""
     doors: dict[str, _Door] = field(default_factory=dict)
 
@@ -53,11 +64,12 @@ def keep_local() -> bool:
         if _state.tried:
             return _state.guarded
         _state.tried = True
-        from .bindguard import guard_this_process
+        from .bindguard import guard_this_process, own_peers_this_process
 
         changed, reason = guard_this_process(LOOPBACK)
         _state.guarded = changed > 0
         _state.reason = reason
+        _state.own_peers = _state.guarded and own_peers_this_process() > 0
         return _state.guarded
 
 
@@ -118,8 +130,9 @@ def describe(port: int | None = None) -> str:
     if any(h in ("0.0.0.0", "::") for h in hosts):
         why = f" ({_state.reason})" if _state.reason else ""
         return f"this kernel serves TensorFlow on EVERY network interface (port {port}){why}"
+    mine = ", to your own processes only" if _state.own_peers else ""
     if where:
-        said = f"this kernel serves TensorFlow on {', '.join(hosts)} only (port {port})"
+        said = f"this kernel serves TensorFlow on {', '.join(hosts)} only (port {port}){mine}"
     else:
         # why the next connection's server will not be kept on loopback ("" when it will be)
         if _state.tried:
@@ -130,7 +143,7 @@ def describe(port: int | None = None) -> str:
             reason = bind_guard(LOOPBACK).reason
         if reason:
             return f"once connected, this kernel serves TensorFlow on EVERY network interface ({reason})"
-        said = f"once connected, this kernel serves TensorFlow on {LOOPBACK} only"
+        said = f"once connected, this kernel serves TensorFlow on {LOOPBACK} only, to your own processes only"
     for door in doors:
         said += f", and admits {', '.join(sorted(door.peers))} at {door.host}:{door.port} ({door.refused} others refused)"
     return said
