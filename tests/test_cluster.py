@@ -443,7 +443,7 @@ def test_another_user_of_the_machine_reaches_no_task_and_not_the_kernel(local_cl
         assert bytes_answered(port) > 0, f"{name} does not answer this user"
         assert bytes_answered(port, user=nobody) == 0, f"{name} answered another user"
     log = local_cluster.logs("worker:0", tail=None, native=True)
-    assert "refused a connection from loopback port" in log and "another user's process" in log
+    assert "refused a connection from this machine's port" in log and "another user's process" in log
     assert "admit your own processes only" in local_cluster.launcher.security_note()
     note = " ".join(local_cluster.status().notes)
     assert "to your own processes only" in note, note

@@ -18,8 +18,9 @@
  * accept4() close a connection from a loopback address whose socket, in the
  * kernel's socket table (/proc/net/tcp, tcp6), belongs to another user than
  * this process's (root excepted), and go on to the next one, so the server
- * never sees it.  Connections from other hosts are not judged here (the
- * address they are allowed on is).  Each refusal is one line on stderr (the
+ * never sees it.  A connection from this machine's own interface address
+ * (peer address = local address) is judged the same way; connections from
+ * other hosts are not judged here (the address they are allowed on is).  Each refusal is one line on stderr (the
  * first 5, then every 1000th).
  *
  * The environment is read once, when the library is loaded (a later setenv
@@ -138,27 +139,32 @@ int bind(int fd, const struct sockaddr *addr, socklen_t len) { return guarded_bi
 
 /* -- accept: this user's connections only --------------------------------- */
 
-/* The loopback peer of a connected socket: its port, and ours; 0 when the peer is not on loopback. */
-static int loopback_ports(int fd, unsigned *peer_port, unsigned *our_port) {
+/* The peer of a connected socket when it is on this machine (a loopback address, or this socket's
+ * own address: a process of this host dialling the host's interface address): its port, and ours;
+ * 0 when the peer is on another host. */
+static int local_peer_ports(int fd, unsigned *peer_port, unsigned *our_port) {
     struct sockaddr_storage peer, local;
     socklen_t plen = sizeof peer, llen = sizeof local;
     if (getpeername(fd, (struct sockaddr *)&peer, &plen) != 0) return -1;
     if (getsockname(fd, (struct sockaddr *)&local, &llen) != 0) return -1;
+    if (peer.ss_family != local.ss_family) return 0;
     if (peer.ss_family == AF_INET) {
-        const struct sockaddr_in *p = (const struct sockaddr_in *)&peer;
-        if ((ntohl(p->sin_addr.s_addr) >> 24) != 127) return 0;
+        const struct sockaddr_in *p = (const struct sockaddr_in *)&peer, *l = (const struct sockaddr_in *)&local;
+        int here = (ntohl(p->sin_addr.s_addr) >> 24) == 127 || p->sin_addr.s_addr == l->sin_addr.s_addr;
+        if (!here) return 0;
         *peer_port = ntohs(p->sin_port);
+        *our_port = ntohs(l->sin_port);
     } else if (peer.ss_family == AF_INET6) {
-        const struct sockaddr_in6 *p = (const struct sockaddr_in6 *)&peer;
+        const struct sockaddr_in6 *p = (const struct sockaddr_in6 *)&peer, *l = (const struct sockaddr_in6 *)&local;
         const unsigned char *b = p->sin6_addr.s6_addr;
-        int mapped = IN6_IS_ADDR_V4MAPPED(&p->sin6_addr) && b[12] == 127;
-        if (!mapped && !IN6_IS_ADDR_LOOPBACK(&p->sin6_addr)) return 0;
+        int here = (IN6_IS_ADDR_V4MAPPED(&p->sin6_addr) && b[12] == 127) || IN6_IS_ADDR_LOOPBACK(&p->sin6_addr) ||
+                   memcmp(&p->sin6_addr, &l->sin6_addr, sizeof p->sin6_addr) == 0;
+        if (!here) return 0;
         *peer_port = ntohs(p->sin6_port);
+        *our_port = ntohs(l->sin6_port);
     } else {
         return 0;
     }
-    *our_port = local.ss_family == AF_INET ? ntohs(((const struct sockaddr_in *)&local)->sin_port)
-                                           : ntohs(((const struct sockaddr_in6 *)&local)->sin6_port);
     return 1;
 }
 
@@ -185,11 +191,11 @@ static void scan_table(const char *path, unsigned peer, unsigned ours, int *foun
     fclose(f);
 }
 
-/* 1: let the connection in (this user's, root's, or not from loopback); 0: another user's, or
+/* 1: let the connection in (this user's, root's, or from another host); 0: another user's, or
  * nobody's the table shows (the other end already gone). */
 static int admitted(int fd) {
     unsigned peer = 0, ours = 0;
-    int where = loopback_ports(fd, &peer, &ours);
+    int where = local_peer_ports(fd, &peer, &ours);
     if (where == 0) return 1;
     if (where < 0) return 0;
     int found = 0, foreign = 0;
@@ -200,7 +206,7 @@ static int admitted(int fd) {
     if (n <= 5 || n % 1000 == 0) {
         char text[200];
         int len = snprintf(text, sizeof text,
-                           "tfmagic bindhost: refused a connection from loopback port %u (%s; %lu refused)\n",
+                           "tfmagic bindhost: refused a connection from this machine's port %u (%s; %lu refused)\n",
                            peer, found ? "another user's process" : "its socket is gone", n);
         if (len > 0) {
             int saved = errno;
