@@ -5,7 +5,7 @@
 Every ``tf.distribute.Server`` (each task's, and the one a client starts when it connects) makes
 ``TF_GRPC_WORKER_CACHE_QUEUES`` completion queues for its calls to other tasks, one polling thread
 each (default 64: ``CreateGrpcWorkerEnv`` in TensorFlow's ``grpc_worker_cache.cc``); tfmagic sets
-:data:`tfmagic.network.clientserver.GRPC_ENV` for its tasks and its client.  For each setting, one child
+:data:`tfmagic.network.clientserver.GRPC_ENV` for its tasks.  For each setting, one child
 process (the variable is read once per process) starts 1 ps + N workers with it, trains the digits
 model async, unpaced, and reports updates a second after a warm-up, and the threads and PSS of
 every task and of the client.  Settings alternate over rounds; the medians are compared side by side.

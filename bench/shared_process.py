@@ -1,6 +1,6 @@
 """What tasks cost when they share one process (issue 23's question), measured with a run on them.
 
-    python bench/shared_process.py [N ...]        (workers; default 4 8 16 32, with 2 ps)
+    python bench/shared_process.py [--default-pool] [N ...]   (workers; default 4 8 16 32, with 2 ps)
 
 For each N: one process starts the 2 ps and N worker servers (``tf.distribute.Server``, each its own
 gRPC server and devices, kept on loopback by tfmagic's bind guard), this script attaches to them as
@@ -11,15 +11,19 @@ against what one process per task costs (``bench/memory.py``: about 0.2 GB a tas
 
 Shared-process tasks are not a tfmagic feature yet: this is the figure the design starts from.
 
-Found on the way: the async engine's calls go out as unary gRPC calls (``ASYNC_STREAMING_ENQUEUE =
-False``, for issue 22's dead-worker waits), and with two or more workers in one process they hang
-(every worker's call and the ps's step read, for ever; one worker trains; a plain ``tf.function`` from
-two threads with per-thread unary executors hangs the same way, with streaming executors it does not).
-Measured here (2026-12-01, 2 cores): per task 153 / 116 / 88 / 70 / 61 MB PSS for N = 2 / 4 / 8 /
-16 / 32 after the run (the process 2.03 GB and 3,146 threads at 32, 1.39 GB bare), the client 0.5-0.57
-GB: 32 workers cost about 2.6 GB with the client, against about 6.8 GB as 34 processes, and over the
-2.0 GB issue 23 asks.  This script therefore runs the async engine with streaming calls (``--unary`` keeps the engine's
-setting, and reports the hang after ``WAIT_S``): a shared-process design must solve that first.
+Found on the way, and the cure: with two or more workers in one process the async engine's unary
+calls hung (every worker's first call, for ever; one worker trained).  All the servers of a process
+share one pool of inter-op threads (TensorFlow's ``ComputePool``, sized by the first server's
+options: the number of cores, 2 here), and a unary call holds a thread of it while its function
+waits for the ps's part, which needs a thread of the same pool: N workers' calls take every thread,
+the ps's parts wait for ever.  Measured with a plain ``tf.function`` from N threads: 4 workers hang
+with 4 threads and train with 5; streaming calls do not hold the threads.  This script therefore
+sizes the pool (``TF_NUM_INTEROP_THREADS``) at the process's tasks + 2 and keeps the engine's unary
+calls; ``--default-pool`` leaves TensorFlow's size and reports the hang after ``WAIT_S``.
+Measured here (2026-12-01, 2 cores, streaming calls then): per task 153 / 116 / 88 / 70 / 61 MB PSS
+for N = 2 / 4 / 8 / 16 / 32 after the run (the process 2.03 GB and 3,146 threads at 32, 1.39 GB
+bare), the client 0.5-0.57 GB: 32 workers cost about 2.6 GB with the client, against about 6.8 GB as
+34 processes, and over the 2.0 GB issue 23 asks.
 """
 
 from __future__ import annotations
@@ -34,11 +38,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # each attach after the firs
 
 import tfmagic  # after the log level, which TensorFlow reads once
 from tfmagic.network.bindguard import bind_guard
+from tfmagic.network.clientserver import GRPC_ENV
 from tfmagic.network.ports import free_port
 from tfmagic.procs.stats import memory_of
 from tfmagic.units import human_bytes
 
 PS = 2
+#: leave TensorFlow's inter-op pool at its size (--default-pool): two workers or more hang
+DEFAULT_POOL = False
 #: how long a run may take before it is reported as hung
 WAIT_S = 120.0
 
@@ -67,7 +74,9 @@ def measure(workers: int) -> dict:
         "worker": [f"127.0.0.1:{free_port()}" for _ in range(workers)],
     }
     guard = bind_guard("127.0.0.1")
-    env = dict(os.environ, MALLOC_ARENA_MAX="2", TF_CPP_MIN_LOG_LEVEL="2", **guard.env)
+    env = dict(os.environ, MALLOC_ARENA_MAX="2", TF_CPP_MIN_LOG_LEVEL="2", **guard.env, **GRPC_ENV)
+    if not DEFAULT_POOL:  # one inter-op thread for each task's waiting call, and two to spare
+        env["TF_NUM_INTEROP_THREADS"] = str(PS + workers + 2)
     t0 = time.monotonic()
     host = subprocess.Popen(
         [sys.executable, "-c", HOST, json.dumps(spec)],
@@ -116,13 +125,11 @@ def measure(workers: int) -> dict:
     }
 
 
-def main(sizes: list[int], unary: bool) -> None:
-    from tfmagic.training import steps
-
-    steps.ASYNC_STREAMING_ENQUEUE = not unary
-    how = "unary calls (the engine's setting)" if unary else "streaming calls"
+def main(sizes: list[int]) -> None:
+    pool = "TensorFlow's inter-op pool" if DEFAULT_POOL else "an inter-op pool of N + 4 threads"
     print(
-        f"{PS} ps + N workers in one process (MALLOC_ARENA_MAX=2), async digits with {how}, 20 updates a worker"
+        f"{PS} ps + N workers in one process (MALLOC_ARENA_MAX=2, {pool}), async digits with the engine's "
+        "unary calls, 20 updates a worker"
     )
     print(
         f"{'N':>3} {'start':>6} {'bare PSS':>9} {'threads':>7} {'PSS after':>9} {'threads':>7} "
@@ -142,4 +149,5 @@ def main(sizes: list[int], unary: bool) -> None:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    main([int(a) for a in args if a != "--unary"] or [4, 8, 16, 32], unary="--unary" in args)
+    DEFAULT_POOL = "--default-pool" in args
+    main([int(a) for a in args if a != "--default-pool"] or [4, 8, 16, 32])

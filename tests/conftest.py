@@ -27,9 +27,9 @@ TIERS = ("unit", "cluster", "kernel", "notebook", "browser", "soak", "server")
 
 
 #: The timed lane: tests whose figures need the machine's time (paced clusters, lessons that check
-#: what they print, experiments, soaks). The other two lanes run beside it at a lower CPU priority
-#: (:data:`REST_NICE`), so the timed lane sees an almost quiet machine and the others fill the idle
-#: CPU it leaves (on two cores it used 0.85 cores on average: tests/durations.py).
+#: what they print, experiments, soaks). The other lane runs beside it at a lower CPU priority
+#: (:data:`REST_NICE`), so the timed lane sees an almost quiet machine and the rest fills the idle
+#: core. On two cores the suite used 0.85 cores on average in one lane (tests/durations.py).
 TIMED_FILES = {
     "test_notebooks.py",
     "test_notebook05.py",
@@ -43,30 +43,17 @@ TIMED_FILES = {
     # the relay's delays and rates, measured against the model: at niceness 19 beside a lesson the
     # relay (the test's child) was starved, a 40 ms delay measured 281 ms (two clean-clone runs)
     "test_netlinks.py",
-    # a throttled process's share of a core: with three lanes on two cores its unit test measured
-    # 0.046 of a core asked for 0.125 (a clean-clone run)
-    "test_throttle.py",
+    # not timed, but its JVM and Spark tasks fit here without disturbing a lesson (this lane runs
+    # one test at a time): the two lanes took about 1,100 s each in a full run
+    "test_spark.py",
 }
-#: The pages lane: kernels, Jupyter servers and browsers (about half of the untimed tests' time).
-#: Everything else is the rest lane. Two untimed lanes instead of one: with one, the suite left a
-#: third of two cores idle (0.74 cores used of 2 on average; the timed lane's paced runs wait by
-#: design), and the two lanes took about 1,400 s each.
-PAGES_FILES = {
-    "test_server.py",
-    "test_kernel.py",
-    "test_browser.py",
-    "test_readme.py",
-    "test_inside.py",
-    "test_logfilter.py",
-}
-#: the niceness of the untimed lanes' workers and everything they start (kernels, tasks, servers)
+#: the niceness of the other lane's worker and everything it starts (kernels, tasks, servers)
 REST_NICE = 19
 
 
 def lane(item) -> str:
-    """``timed``, ``pages`` or ``rest``: the xdist group (``--dist loadgroup``) the test runs in."""
-    name = item.path.name
-    return "timed" if name in TIMED_FILES else "pages" if name in PAGES_FILES else "rest"
+    """``timed`` or ``rest``: the xdist group (``--dist loadgroup``) the test runs in."""
+    return "timed" if item.path.name in TIMED_FILES else "rest"
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -76,8 +63,8 @@ def pytest_collection_modifyitems(session, config, items):
     Unit tests move to the front (each tier keeps its order, so a module's shared fixtures stay
     together); when one of them fails, the run stops once the unit tier has finished
     (:func:`pytest_runtest_makereport`), so CI reports a broken contract within about two minutes
-    instead of after the notebooks. Under pytest-xdist (``-n 3``, the default in pyproject.toml)
-    every test joins one of three groups, so each lane runs on one worker in this order.
+    instead of after the notebooks. Under pytest-xdist (``-n 2``, the default in pyproject.toml)
+    every test joins one of two groups, so each lane runs on one worker in this order.
     """
     unmarked = [item.nodeid for item in items if not any(item.get_closest_marker(t) for t in TIERS)]
     if unmarked:
@@ -105,10 +92,10 @@ _NICED = False
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
-    """An untimed lane's worker lowers its priority before its first fixture starts anything; the
-    other lanes stop before their next test once a unit test of one lane has failed."""
+    """The rest lane's worker lowers its priority before its first fixture starts anything; the
+    other lane stops before its next test once a unit test of one lane has failed."""
     global _NICED
-    if not _NICED and os.environ.get("PYTEST_XDIST_WORKER") and lane(item) != "timed":
+    if not _NICED and os.environ.get("PYTEST_XDIST_WORKER") and lane(item) == "rest":
         os.nice(REST_NICE)
         _NICED = True
     if os.path.exists(UNIT_FAILED_FLAG):

@@ -241,8 +241,6 @@ def connect(
         # The kernel shares the machine's GPUs with a local cluster's workers:
         # TensorFlow's default would take nearly all of a card's memory here first.
         os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
-        for key, value in clientserver.GRPC_ENV.items():  # read when this process's server starts
-            os.environ.setdefault(key, value)
         address = client_address or f"localhost:{client_port()}"
         jobs, left_out = _answering(defn)
         jobs["localhost"] = {0: address}

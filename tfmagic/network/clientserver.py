@@ -30,12 +30,13 @@ from dataclasses import dataclass, field
 
 LOOPBACK = "127.0.0.1"
 
-#: Every TensorFlow server (a task's, and the one a client starts when it connects) makes
-#: ``TF_GRPC_WORKER_CACHE_QUEUES`` completion queues for its calls to other tasks, a polling thread
-#: each: 64 by default (``CreateGrpcWorkerEnv``, TensorFlow's grpc_worker_cache.cc), 60 threads a
-#: task that a laptop's few cores never use.  4: a task of 1 ps + 4 workers went from 107 threads
-#: to 47, the client from 111 to 51, memory and async updates a second unchanged within the noise
-#: (``python bench/grpc_queues.py``).  Read once per process, when its first server starts.
+#: Every TensorFlow server makes ``TF_GRPC_WORKER_CACHE_QUEUES`` completion queues for its calls to
+#: other tasks, a polling thread each: 64 by default (``CreateGrpcWorkerEnv``, TensorFlow's
+#: grpc_worker_cache.cc), 60 threads a task that a laptop's few cores never use.  Tasks get 4: a task
+#: of 1 ps + 4 workers went from 107 threads to 47, memory and async updates a second unchanged
+#: within the noise (``python bench/grpc_queues.py``).  Not the client: set in the kernel as it
+#: connects (any value), reads of a ps's variables after a worker was removed failed with "Socket
+#: closed" (8 runs of 8; 0 of 6 without it); the kernel keeps TensorFlow's default.
 GRPC_ENV = {"TF_GRPC_WORKER_CACHE_QUEUES": os.environ.get("TF_GRPC_WORKER_CACHE_QUEUES", "4")}
 
 _lock = threading.Lock()
