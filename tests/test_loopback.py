@@ -72,6 +72,21 @@ def test_a_host_that_is_not_one_ipv4_address_gives_no_guard_and_a_reason(host):
 
 
 @pytest.mark.unit
+def test_without_a_readable_socket_table_nobody_is_told_other_users_are_kept_out(monkeypatch):
+    """The peer check reads /proc/net/tcp; where a sandbox hides it, the tasks are not asked to
+    check, and the security line says anyone on this machine may send graphs."""
+    from tfmagic.launchers import LocalLauncher
+
+    assert bindguard.peers_checkable()
+    assert bindguard.bind_guard("127.0.0.1").env["TFMAGIC_OWN_PEERS"] == "1"
+    assert "admit your own processes only" in LocalLauncher().security_note()
+    monkeypatch.setattr(bindguard, "peers_checkable", lambda: False)
+    assert "TFMAGIC_OWN_PEERS" not in bindguard.bind_guard("127.0.0.1").env
+    note = LocalLauncher().security_note()
+    assert "by anyone on this machine" in note and "/proc/net/tcp" in note, note
+
+
+@pytest.mark.unit
 def test_library_key_changes_with_the_source():
     text = bindguard.SOURCE.read_text()
     assert bindguard.library_key(text) == bindguard.library_key(text)

@@ -170,9 +170,10 @@ static int local_peer_ports(int fd, unsigned *peer_port, unsigned *our_port) {
 
 /* Rows of a socket table whose local port is `peer` and remote port `ours`: how many, and how
  * many belong to another user (not root).  Columns: sl local rem st tx:rx tr:when retr uid ... */
-static void scan_table(const char *path, unsigned peer, unsigned ours, int *found, int *foreign) {
+static void scan_table(const char *path, unsigned peer, unsigned ours, int *found, int *foreign, int *read) {
     FILE *f = fopen(path, "re");
     if (!f) return;
+    (*read)++;
     char line[512];
     if (!fgets(line, sizeof line, f)) { /* the header */
         fclose(f);
@@ -198,9 +199,10 @@ static int admitted(int fd) {
     int where = local_peer_ports(fd, &peer, &ours);
     if (where == 0) return 1;
     if (where < 0) return 0;
-    int found = 0, foreign = 0;
-    scan_table("/proc/net/tcp", peer, ours, &found, &foreign);
-    scan_table("/proc/net/tcp6", peer, ours, &found, &foreign);
+    int found = 0, foreign = 0, read = 0;
+    scan_table("/proc/net/tcp", peer, ours, &found, &foreign, &read);
+    scan_table("/proc/net/tcp6", peer, ours, &found, &foreign, &read);
+    if (read == 0) return 1; /* no table to read here: tfmagic did not claim the check (bindguard.py) */
     if (found > 0 && foreign == 0) return 1;
     unsigned long n = __atomic_add_fetch(&refused, 1, __ATOMIC_RELAXED);
     if (n <= 5 || n % 1000 == 0) {

@@ -112,9 +112,16 @@ class LocalLauncher(PopenLauncher):
 
     def security_note(self) -> str:
         if self.loopback_only:
+            from ..network.bindguard import peers_checkable
+
+            if peers_checkable():
+                return (
+                    "task servers listen on 127.0.0.1 only and admit your own processes only, "
+                    "but run any TensorFlow graph those send"
+                )
             return (
-                "task servers listen on 127.0.0.1 only and admit your own processes only, "
-                "but run any TensorFlow graph those send"
+                "task servers listen on 127.0.0.1 only, but run any TensorFlow graph sent to them by "
+                "anyone on this machine (its socket table, /proc/net/tcp, cannot be read here)"
             )
         reason = self.guard.reason if self.guard is not None else "loopback_only=False was asked for"
         return (

@@ -295,7 +295,9 @@ def bind_guard(host: str = "127.0.0.1", base_env: Mapping[str, str] | None = Non
     existing = (base_env if base_env is not None else os.environ).get("LD_PRELOAD", "")
     others = [p for p in existing.replace(" ", ":").split(":") if p and p != library]
     preload = ":".join([library, *others])
-    env = {"LD_PRELOAD": preload, "TFMAGIC_BIND_HOST": str(address), "TFMAGIC_OWN_PEERS": "1"}
+    env = {"LD_PRELOAD": preload, "TFMAGIC_BIND_HOST": str(address)}
+    if peers_checkable():
+        env["TFMAGIC_OWN_PEERS"] = "1"
     return BindGuard(True, env=env, library=library)
 
 
@@ -326,6 +328,12 @@ def guard_this_process(host: str = "127.0.0.1", match: str = "/tensorflow/") -> 
     return changed, ""
 
 
+def peers_checkable() -> bool:
+    """Whether this machine's socket table says who owns a connection's other end (the peer check
+    reads ``/proc/net/tcp``; a sandbox may hide it, and then nothing is claimed)."""
+    return os.access("/proc/net/tcp", os.R_OK)
+
+
 def own_peers_this_process(match: str = "/tensorflow/") -> int:
     """Let only this user's processes (and root's) connect from loopback to the servers of the
     libraries under ``match``; returns how many ``accept`` entries now check (0: none could).
@@ -336,7 +344,7 @@ def own_peers_this_process(match: str = "/tensorflow/") -> int:
     import ctypes
 
     guard = bind_guard()
-    if not guard.available:
+    if not guard.available or not peers_checkable():
         return 0
     try:
         fn = ctypes.CDLL(guard.library).tfmagic_own_peers_loaded

@@ -144,7 +144,10 @@ def describe(port: int | None = None) -> str:
             reason = bind_guard(LOOPBACK).reason
         if reason:
             return f"once connected, this kernel serves TensorFlow on EVERY network interface ({reason})"
-        said = f"once connected, this kernel serves TensorFlow on {LOOPBACK} only, to your own processes only"
+        from .bindguard import peers_checkable
+
+        mine = ", to your own processes only" if peers_checkable() else ""
+        said = f"once connected, this kernel serves TensorFlow on {LOOPBACK} only{mine}"
     for door in doors:
         said += f", and admits {', '.join(sorted(door.peers))} at {door.host}:{door.port} ({door.refused} others refused)"
     return said
