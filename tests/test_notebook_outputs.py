@@ -106,3 +106,9 @@ def test_security_lines_say_what_this_version_does(lesson_nb):
     assert not stale, f"{name} was committed before the kernel's server was kept on loopback: {stale[0]}"
     for line in lines:
         assert "this kernel serves TensorFlow on 127.0.0.1 only" in line, f"{name}: {line}"
+        # and, since issue 24 item 0, to this user's processes only, as are local tasks
+        mine = re.search(
+            r"kernel serves TensorFlow on 127\.0\.0\.1 only( \(port \d+\))?, to your own processes only", line
+        )
+        assert mine, f"{name} was committed before the peer check: {line}"
+        assert "by anyone on this machine" not in line, f"{name} was committed before the peer check: {line}"
