@@ -24,16 +24,13 @@ WARMUP = 50
 
 CHILD = r"""
 import json, os, sys
+import psutil
 import tfmagic
 from tfmagic.procs.stats import memory_of
 from tfmagic.training.models import Digits
 
 workers, steps, WARMUP = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 queues = os.environ["TF_GRPC_WORKER_CACHE_QUEUES"]
-
-def threads(pid):
-    with open(f"/proc/{pid}/status") as f:
-        return int(next(ln for ln in f if ln.startswith("Threads:")).split()[1])
 
 env = {"TF_GRPC_WORKER_CACHE_QUEUES": queues}
 launcher = tfmagic.launchers.LocalLauncher(env=env)
@@ -43,7 +40,7 @@ with tfmagic.LocalCluster(ps=1, workers=workers, spares=False, launcher=launcher
     rate = (len(g) - WARMUP) / (g[-1].time - g[WARMUP - 1].time)
     pids = {str(t): p.pid for t, p in cluster.procs.items()}
     pids["client"] = os.getpid()
-    out = {name: {"threads": threads(pid), "pss": memory_of(pid)["pss"]} for name, pid in pids.items()}
+    out = {name: {"threads": psutil.Process(pid).num_threads(), "pss": memory_of(pid)["pss"]} for name, pid in pids.items()}
     print("RESULT " + json.dumps({"rate": rate, "tasks": out}), flush=True)
 """
 

@@ -34,6 +34,8 @@ import subprocess
 import sys
 import time
 
+import psutil
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # each attach after the first logs the last host's end
 
 import tfmagic  # after the log level, which TensorFlow reads once
@@ -63,11 +65,6 @@ sys.stdin.read()
 """
 
 
-def threads(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
-
-
 def measure(workers: int) -> dict:
     spec = {
         "ps": [f"127.0.0.1:{free_port()}" for _ in range(PS)],
@@ -90,7 +87,7 @@ def measure(workers: int) -> dict:
         if host.stdout.readline().strip() != "ready":
             raise SystemExit(f"the host process of {workers} workers did not start")
         started = time.monotonic() - t0
-        bare = memory_of(host.pid)["pss"], threads(host.pid)
+        bare = memory_of(host.pid)["pss"], psutil.Process(host.pid).num_threads()
         cluster = tfmagic.attach(spec, name=f"shared-{workers}")
         try:
             t1 = time.monotonic()
@@ -103,7 +100,7 @@ def measure(workers: int) -> dict:
                 run.stop()
             trained_s = time.monotonic() - t1
             history = run.history
-            after = memory_of(host.pid)["pss"], threads(host.pid)
+            after = memory_of(host.pid)["pss"], psutil.Process(host.pid).num_threads()
         finally:
             cluster.stop()
         client = memory_of(os.getpid())["pss"]

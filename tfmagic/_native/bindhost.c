@@ -223,22 +223,13 @@ static int admitted(int fd) {
 /* accept4 with flags, or accept when `plain`: the next connection this user may make. */
 static int checked_accept(int fd, struct sockaddr *addr, socklen_t *len, int flags, int plain) {
     pthread_once(&once, init);
+    if (plain ? !real_accept : !real_accept4) {
+        errno = ENOSYS;
+        return -1;
+    }
     for (;;) {
         socklen_t room = len ? *len : 0;
-        int conn;
-        if (plain) {
-            if (!real_accept) {
-                errno = ENOSYS;
-                return -1;
-            }
-            conn = real_accept(fd, addr, len);
-        } else {
-            if (!real_accept4) {
-                errno = ENOSYS;
-                return -1;
-            }
-            conn = real_accept4(fd, addr, len, flags);
-        }
+        int conn = plain ? real_accept(fd, addr, len) : real_accept4(fd, addr, len, flags);
         if (conn < 0 || !own_peers || admitted(conn)) return conn;
         close(conn); /* then the next one: a non-blocking listener says EAGAIN when there is none */
         if (len) *len = room;
