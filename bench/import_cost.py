@@ -4,10 +4,10 @@
 
 TensorFlow's ``__init__`` imports ``keras.src.optimizers`` eagerly (for SavedModel's registry), which
 imports all of ``keras.src`` and, through it, matplotlib.pyplot.  Every kernel, notebook kernel and
-test process that imports TensorFlow pays it; a task imports only the server core
+test process that imports TensorFlow paid it until ``import tfmagic`` kept it out
+(:mod:`tfmagic.kerasgate`); a task imports only the server core
 (:class:`tfmagic.task.server.ServerCore`).  Each way is measured in fresh child processes,
-alternating over rounds: CPU seconds (user + system), medians side by side.  A lead for
-CI's time (the suite is CPU-bound), not something tfmagic does yet.
+alternating over rounds: CPU seconds (user + system), medians side by side.
 """
 
 from __future__ import annotations
@@ -20,16 +20,7 @@ import sys
 
 WAYS = {
     "import tensorflow": "import tensorflow",
-    "without Keras's eager import": (
-        "import sys, importlib.abc\n"
-        "class Out(importlib.abc.MetaPathFinder):\n"
-        "    def find_spec(self, name, path, target=None):\n"
-        "        if name == 'keras.src':\n"
-        "            raise ImportError('kept out while TensorFlow imports')\n"
-        "out = Out(); sys.meta_path.insert(0, out)\n"
-        "import tensorflow\n"
-        "sys.meta_path.remove(out)\n"
-    ),
+    "import tfmagic, tensorflow": "import tfmagic\nimport tensorflow",
     "the task's server core": "from tfmagic.task.server import ServerCore\nServerCore()",
 }
 

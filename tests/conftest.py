@@ -15,6 +15,8 @@ from collections.abc import Callable
 import psutil
 import pytest
 
+import tfmagic
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Spares are tested on purpose where they matter; elsewhere they would only
 # add background imports to every test's CPU load.
@@ -46,6 +48,9 @@ TIMED_FILES = {
     # not timed, but its JVM and Spark tasks fit here without disturbing a lesson (this lane runs
     # one test at a time): the two lanes took about 1,100 s each in a full run
     "test_spark.py",
+    # not timed either: building Binder's environment (pip, 140 s) balances the lanes. In a clean-clone
+    # run (session 15) the rest lane held 1,753 s of tests and ended the suite, the timed lane 1,439 s
+    "test_binder_env.py",
 }
 #: the niceness of the other lane's worker and everything it starts (kernels, tasks, servers)
 REST_NICE = 19
@@ -246,7 +251,6 @@ def share(cluster, pool=None) -> Callable[[], set[int]]:
 @pytest.fixture(scope="session")
 def local_cluster():
     """A 1 ps + 2 worker cluster shared by the whole session."""
-    import tfmagic
 
     cluster = tfmagic.LocalCluster(ps=1, workers=2, name="session", spares=False)
     cluster.start()

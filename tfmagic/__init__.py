@@ -10,10 +10,15 @@ Plain Python (works in a script)::
 In IPython/Jupyter: ``%load_ext tfmagic``, then ``%tf_cluster start``.
 
 Importing this package does not import TensorFlow; that happens when a
-cluster is first used as a client.
+cluster is first used as a client. It does keep Keras out of TensorFlow's own
+import (:mod:`tfmagic.kerasgate`: Keras loads when first used instead).
 """
 
 from __future__ import annotations
+
+from . import kerasgate as _kerasgate
+
+_kerasgate.install()
 
 __version__ = "0.1.0"
 
