@@ -9,7 +9,8 @@ worker: every worker's variables, input and step functions are then placed in th
 prints that process's PSS and threads bare and after the run, per task, beside this client's PSS,
 against what one process per task costs (``bench/memory.py``: about 0.2 GB a task).
 
-Shared-process tasks are not a tfmagic feature yet: this is the figure the design starts from.
+This is the bare figure the design started from; tfmagic's own ``processes=`` (``LocalCluster(...,
+processes="auto")``, :mod:`tfmagic.task.host`) is measured by ``bench/memory.py --processes``.
 
 Found on the way, and the cure: with two or more workers in one process the async engine's unary
 calls hung (every worker's first call, for ever; one worker trained).  All the servers of a process

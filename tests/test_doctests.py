@@ -20,6 +20,8 @@ MODULES = [
     "tfmagic.training.calibrate",
     "tfmagic.experiments.base",
     "tfmagic.experiments.exponential_steps",
+    "tfmagic.launchers.local",
+    "tfmagic.task.host",
 ]
 
 

@@ -191,7 +191,7 @@ r = ex.run(sys.argv[1], seed=0, progress=lines.append)
 html = r._repr_html_()
 print("RESULT " + json.dumps(dict(
     holds=r.holds, why=r.why, seconds=r.seconds, peak=r.peak_memory, text=r.text(),
-    checks=[c.passed for c in r.checks], measured=bool(r.measured), png=r.png()[:4].hex(),
+    checks=[c.passed for c in r.checks], measured=bool(r.measured), png=(r.png() or b"")[:4].hex(),
     first_line=lines[0] if lines else "", source_shown=r.claim.source in html or "&quot;" in html,
 )))
 """

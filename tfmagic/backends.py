@@ -41,6 +41,8 @@ class ClusterRequest:
     master: str | None = None
     pace: str | float | None = None
     net: str | None = None
+    #: tasks spread over this many processes (or ``"auto"``); ``None``: a process each
+    processes: int | str | None = None
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
@@ -80,6 +82,12 @@ BACKENDS: dict[str, Backend] = {}
 def register(backend: Backend) -> Backend:
     BACKENDS[backend.name] = backend
     return backend
+
+
+def _processes(request: ClusterRequest) -> int | str | None:
+    from .launchers.local import check_processes
+
+    return check_processes(request.processes, request.shape.size)
 
 
 def _ssh_hosts(request: ClusterRequest) -> tuple[str, ...]:
@@ -127,11 +135,16 @@ register(
     Backend(
         "local",
         "task processes on this machine",
-        ("spares", "loopback_only"),
+        ("spares", "loopback_only", "processes"),
         lambda r: LocalCluster(
-            ps=r.ps, workers=r.workers, spares=r.spares, loopback_only=r.loopback_only, **r.common()
+            ps=r.ps,
+            workers=r.workers,
+            spares=r.spares,
+            loopback_only=r.loopback_only,
+            processes=r.processes,
+            **r.common(),
         ),
-        lambda r: ("local",),
+        lambda r: ("local", _processes(r)),
     )
 )
 register(
@@ -173,7 +186,7 @@ def check(request: ClusterRequest) -> Backend:
     chosen = backend(request.backend)
     given = {
         name
-        for name in ("hosts", "python", "ssh_config", "tunnel", "master")
+        for name in ("hosts", "python", "ssh_config", "tunnel", "master", "processes")
         if getattr(request, name) not in ((), None, False)
     }
     foreign = sorted(given - set(chosen.options))
@@ -199,6 +212,13 @@ def check(request: ClusterRequest) -> Backend:
             f"{len(request.gpus)} GPU entries for {request.workers} workers; give one per worker, or one for all"
         )
     request.shape  # noqa: B018 - raises BadClusterShape for counts that make no cluster
+    if request.processes is not None:
+        _processes(request)  # one line for a count no start can use
+        if request.collective or request.gpus:
+            raise BadClusterShape(
+                "tasks sharing processes (processes=) run on CPU and serve a parameter-server cluster: "
+                "--collective and --gpus need a process per task"
+            )
     if chosen.name == "ssh" and _ssh_hosts(request):
         from .launchers.ssh import check_hosts
 

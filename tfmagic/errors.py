@@ -74,6 +74,10 @@ class NeedsForce(TfmagicError):
     """An action that would lose work (a running task's state, an existing file) was asked without force."""
 
 
+class SharedProcess(TfmagicError):
+    """What one task cannot do alone because it shares its process with others (``processes=``)."""
+
+
 class PxError(TfmagicError):
     """A ``%%tf_px`` request that cannot be sent (bad targets, no cluster...)."""
 

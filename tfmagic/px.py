@@ -459,6 +459,14 @@ def run_px(cluster, code: str, targets: str | None = "all", name: str | None = N
     refused here, by name, instead of leaving the cell waiting for it.
     """
     chosen = parse_targets(cluster, targets)
+    shared = [t for t in chosen if getattr(cluster.procs.get(t), "shared_with", None)]
+    if shared:
+        t = shared[0]
+        raise PxError(
+            f"{t} shares process {cluster.procs[t].pid} with other tasks (processes=), and a %%tf_px cell "
+            "needs a process per task (its namespace, its output, its interrupt); start the cluster "
+            "without processes= to run cells on its tasks"
+        )
     stuck = [(t, c) for t in chosen if (c := cluster.condition(t)).startswith(("stopped", "not answering"))]
     if stuck:
         t, c = stuck[0]

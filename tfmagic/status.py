@@ -70,7 +70,11 @@ class ClusterStatus:
 
     @property
     def total_pss(self) -> int:
-        return sum(r.pss or 0 for r in self.tasks + self.spares)
+        """Each process once: tasks that share a process (``processes=``) show its PSS on every row."""
+        per_process = {
+            (r.host, r.pid) if r.pid is not None else id(r): r.pss or 0 for r in self.tasks + self.spares
+        }
+        return sum(per_process.values())
 
     def as_dicts(self) -> list[dict]:
         return [asdict(r) for r in self.tasks + self.spares]

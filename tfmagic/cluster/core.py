@@ -11,10 +11,10 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from .. import client, doctor, variable_map
-from ..errors import BadClusterShape, NoCluster
+from ..errors import BadArgument, BadClusterShape, NoCluster
 from ..events import Event, Topic
 from ..launchers.base import Launcher, TaskHandle
-from ..launchers.local import LocalLauncher
+from ..launchers.local import LocalLauncher, check_shared
 from ..network import shaper as netshape
 from ..network import traffic
 from ..pace import Pace
@@ -511,12 +511,36 @@ class LocalCluster(Cluster):
     >>> cluster = LocalCluster(ps=1, workers=2)      # doctest: +SKIP
     >>> cluster.start(); cluster.address("worker:1") # doctest: +SKIP
     '127.0.0.1:40123'
+
+    ``processes=2`` (or ``"auto"``: one per 16 tasks) puts the tasks in that many processes,
+    each task still a gRPC server of its own (:mod:`tfmagic.task.host`): 2 ps and 32 workers in
+    a laptop's or Binder's memory. What one of them cannot do alone (a kill, a restart, a
+    throttle, a ``%%tf_px`` cell) is refused in one line.
     """
 
-    def __init__(self, ps: int = 1, workers: int = 2, *, loopback_only: bool = True, **kwargs) -> None:
+    def __init__(
+        self,
+        ps: int = 1,
+        workers: int = 2,
+        *,
+        loopback_only: bool = True,
+        processes: int | str | None = None,
+        **kwargs,
+    ) -> None:
+        if processes is not None:  # several tasks a process (tfmagic.task.host): 34 tasks in 2 GB
+            size = ClusterShape(ps=ps, workers=workers, chief=kwargs.get("chief", 0)).size
+            processes = check_shared(processes, size, kwargs)
         if kwargs.get("launcher") is None:
-            kwargs["launcher"] = LocalLauncher(loopback_only=loopback_only)
+            kwargs["launcher"] = LocalLauncher(loopback_only=loopback_only, processes=processes)
         super().__init__(ps, workers, **kwargs)
+
+
+def _one_process_a_task(kwargs: dict, where: str) -> None:
+    if kwargs.pop("processes", None) is not None:
+        raise BadArgument(
+            f"processes= (tasks sharing a process) works on local clusters only: on {where} each task "
+            "is a process of its own; leave processes= out, or use LocalCluster"
+        )
 
 
 def SSHCluster(  # noqa: N802 - reads as a class, like dask's SSHCluster
@@ -538,6 +562,7 @@ def SSHCluster(  # noqa: N802 - reads as a class, like dask's SSHCluster
     """
     from ..launchers.ssh import SSHLauncher
 
+    _one_process_a_task(kwargs, "SSH hosts")
     launcher = SSHLauncher(
         hosts, python=python, ssh_config=ssh_config, ssh_options=ssh_options, tunnel=tunnel, guard=guard
     )
@@ -558,6 +583,7 @@ def SparkCluster(master: str = "local[3]", ps: int = 1, workers: int = 2, **kwar
     """
     from ..launchers.spark import SparkLauncher
 
+    _one_process_a_task(kwargs, "Spark")
     names = ("app_name", "conf", "python", "spark", "guard", "connect_timeout")
     launcher_kwargs = {k: kwargs.pop(k) for k in names if k in kwargs}
     launcher = SparkLauncher(master, **launcher_kwargs)

@@ -13,7 +13,7 @@ import time
 from typing import TYPE_CHECKING
 
 from .. import client
-from ..errors import BadArgument, ClusterStartError, NeedsForce, TaskLost
+from ..errors import BadArgument, ClusterStartError, NeedsForce, SharedProcess, TaskLost
 from ..launchers.base import TaskHandle
 from ..protocol import Op
 from ..spec import TaskName
@@ -32,6 +32,20 @@ def _live(cluster: Cluster, task: str | TaskName) -> tuple[TaskName, TaskHandle]
     return t, proc
 
 
+def alone(cluster: Cluster, t: TaskName, doing: str) -> None:
+    """One line when ``t`` shares its process (``processes=``): ``doing`` it would do it to them all."""
+    proc = cluster.procs.get(t)
+    others = [str(p.task) for p in getattr(proc, "shared_with", ()) if p.task is not None and p.alive]
+    if others:
+        named = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        raise SharedProcess(
+            f"{t} shares process {proc.pid} with {named} (processes=): {doing} it would do the same to "
+            "them; a task sharing a process cannot be killed, restarted, removed or throttled alone. "
+            "Start the cluster without processes= for faults on one task"
+            + ("" if cluster.pace is not None else ", or with a pace (--pace) to slow one modelled worker")
+        )
+
+
 def slow(cluster: Cluster, task: str | TaskName, factor: float = 4.0) -> None:
     """See :meth:`tfmagic.cluster.Cluster.slow`."""
     try:
@@ -41,6 +55,8 @@ def slow(cluster: Cluster, task: str | TaskName, factor: float = 4.0) -> None:
     if not factor >= 1.0 or factor == float("inf"):
         raise BadArgument(f"factor must be a number >= 1 (1 restores full speed), not {factor:g}")
     t, proc = _live(cluster, task)
+    if cluster.pace is None:
+        alone(cluster, t, "throttling")
     if cluster.pace is not None:
         cluster.pace.set_slowdown(t, factor)
         if factor > 1:
@@ -73,6 +89,7 @@ def _full_speed(cluster: Cluster, t: TaskName) -> None:
 def kill(cluster: Cluster, task: str | TaskName) -> None:
     """See :meth:`tfmagic.cluster.Cluster.kill`."""
     t, proc = _live(cluster, task)
+    alone(cluster, t, "killing")
     cluster.taskset.ended_on_purpose(proc)
     proc.kill()
     _full_speed(cluster, t)
@@ -85,6 +102,7 @@ def restart(
     """See :meth:`tfmagic.cluster.Cluster.restart`."""
     t = cluster.check_task(task)
     defn = cluster.taskset.require()
+    alone(cluster, t, "restarting")
     old = cluster.procs[t]
     # killed by tfmagic (cluster.kill), its handle not yet told: under load a Spark task's channel
     # reported the process alive after its pid was gone (a clean-clone run), and the restart that
@@ -146,4 +164,4 @@ def restart(
     return Restarted(seconds=time.monotonic() - t0, warm=int(warm), cold=int(not warm), attempts=attempt)
 
 
-__all__ = ["kill", "restart", "slow"]
+__all__ = ["alone", "kill", "restart", "slow"]

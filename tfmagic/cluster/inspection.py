@@ -60,9 +60,25 @@ def _row(
         rss=stats.get("rss"),
         uptime_s=stats.get("uptime_s"),
         host=f"{cluster.launcher.name}:{host}",
-        note=f"slowed x{slowness:g}" if slowness else "",
+        note=", ".join(
+            n
+            for n in (
+                f"slowed x{slowness:g}" if slowness else "",
+                _sharing(proc),
+            )
+            if n
+        ),
         slowness=slowness or 1.0,
     )
+
+
+def _sharing(proc: TaskHandle) -> str:
+    """``process of 17 tasks, with ps:0, worker:1, ...`` for a task sharing its process (``processes=``)."""
+    others = [str(p.task) for p in getattr(proc, "shared_with", ()) if p.task is not None and p.alive]
+    if not others:
+        return ""
+    named = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+    return f"process of {len(others) + 1} tasks, with {named}"
 
 
 def status(cluster: Cluster, memory: bool | Collection[str] = True, spares: bool = True) -> ClusterStatus:

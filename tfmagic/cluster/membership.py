@@ -61,6 +61,7 @@ from typing import Protocol
 from .. import client
 from ..errors import BadClusterShape, BadNet, NotOwned, UnknownTask
 from ..spec import ClusterDef, TaskName
+from . import faults
 
 #: Seconds a removal waits for the runs using the task to be done with it.
 RELEASE_TIMEOUT = 20.0
@@ -321,6 +322,7 @@ def remove(cluster, task: str | TaskName, drain: bool = False, timeout: float = 
             f"only the highest-numbered {t.job} can be removed ({last}), so the other tasks keep their "
             f"indices; remove {last} instead"
         )
+    faults.alone(cluster, t, "removing")
     if t.job == "ps" and cluster.procs[t].alive and not _answers(cluster, t):
         # it still holds its variables and cannot hand them over: ending it would lose them, and a
         # run training with them would wait on them for ever

@@ -29,6 +29,9 @@ from ..spec import ClusterDef, ClusterShape, TaskName
 
 #: Memory one task costs before any was measured (PSS of a task here: about 0.18 GB).
 TASK_BYTES = 200 * 2**20
+#: What one more task costs in a process it shares (``processes=``): its server, its variables
+#: and placed functions after a run (``python bench/memory.py --processes``)
+SHARED_TASK_BYTES = 60 * 2**20
 
 #: ``progress(task, stage, detail)`` is called as tasks come up.
 Progress = Callable[[str, str, str], None]
@@ -44,11 +47,17 @@ class _PortTaken(Exception):
         self.task, self.port = task, port
 
 
-def threads_for(tasks_on_host: int) -> dict[str, int]:
-    """TensorFlow's thread pools for one of ``tasks_on_host`` tasks sharing this machine's cores."""
+def threads_for(tasks_on_host: int, in_process: int = 1) -> dict[str, int]:
+    """TensorFlow's thread pools for one of ``tasks_on_host`` tasks sharing this machine's cores.
+
+    ``in_process`` tasks sharing one process (``processes=``) share its one inter-op pool, sized by
+    its first server: a unary call holds a thread of it while its function waits for the ps's part,
+    so fewer threads than tasks + 1 hang every worker (``bench/shared_process.py``); + 2 here.
+    """
     cores = os.cpu_count() or 1
     share = max(1, cores // max(1, tasks_on_host))
-    return {"intra": share, "inter": max(2, share)}
+    inter = max(2, share) if in_process <= 1 else max(2, share, in_process + 2)
+    return {"intra": share, "inter": inter}
 
 
 def same_host(listening: str, bind_host: str) -> bool:
@@ -120,6 +129,13 @@ class TaskSet:
             return
         from ..procs.memory import check_fits
 
+        processes = getattr(self.launcher, "processes", None)
+        if processes is not None and count > 1:
+            from ..launchers.local import process_sizes
+
+            n = len(process_sizes(count, processes))
+            check_fits(n, TASK_BYTES, extra_bytes=(count - n) * SHARED_TASK_BYTES)
+            return
         warm = self.pool.count(self.launcher) if self.use_spares else 0
         if count > warm:
             check_fits(count - warm, self.pool.spare_cost() if self.use_spares else TASK_BYTES)
@@ -177,7 +193,6 @@ class TaskSet:
         """
         tasks = list(procs)
         spec = defn.as_dict()
-        threads = threads_for(len(defn.tasks()))
         wake = threading.Event()
         subscriptions = [p.messages.subscribe(lambda msg: wake.set()) for p in procs.values()]
         assigned: set[TaskName] = set()
@@ -195,7 +210,7 @@ class TaskSet:
                             env=self._task_env(task),
                             log=self.launcher.task_log(self.log_path(task)),
                             cpu_only=task.job == "ps",
-                            threads=threads,
+                            threads=threads_for(len(defn.tasks()), 1 + len(getattr(proc, "shared_with", ()))),
                             collective=self.collective,
                             bind_port=(bind_ports or {}).get(task),
                         )

@@ -72,6 +72,8 @@ class TaskProcess:
         self.state = TaskState.IMPORTING
         self.exit_code: int | None = None
         self.failure: str | None = None
+        #: the other tasks' handles of the same process (``processes=``): what ends it ends them
+        self.shared_with: list[TaskProcess] = []
         self._to_task = to_task
         self._from_task = from_task
         self._send_lock = threading.Lock()
@@ -193,6 +195,14 @@ class TaskProcess:
     def label(self) -> str:
         who = self.task if self.task is not None else "spare process"
         return f"{who} (pid {self.pid})"
+
+    def close_channel(self) -> None:
+        """Close this handle's two streams (the process ended; a shared one's streams are its own)."""
+        for stream in (self._to_task, self._from_task):
+            try:
+                stream.close()
+            except (OSError, ValueError):
+                pass
 
     def kill(self) -> None:
         """End the process and everything it started, now; safe to call twice."""

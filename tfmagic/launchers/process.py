@@ -113,12 +113,16 @@ class PopenLauncher(Launcher):
 
     def __init__(self) -> None:
         self._procs: dict[int, subprocess.Popen] = {}
+        #: how many task handles a process still has (several when tasks share it: ``processes=``)
+        self._handles: dict[int, int] = {}
         self._lock = threading.Lock()
 
     def _start(
         self, argv: list[str], log_path: str, *, host: str, env: dict[str, str] | None = None, note: str = ""
     ) -> TaskProcess:
         """Start ``argv`` with its stdin/stdout as the task's channel and its stderr into ``log_path``."""
+        if os.path.islink(log_path):  # a link to a shared process's log (processes=): a log of its own now
+            os.unlink(log_path)
         log = open(log_path, "ab")  # noqa: SIM115 - handed to the child
         try:
             if note:
@@ -137,6 +141,7 @@ class PopenLauncher(Launcher):
             log.close()
         with self._lock:
             self._procs[popen.pid] = popen
+            self._handles[popen.pid] = 1
         return TaskProcess(
             launcher=self,
             pid=popen.pid,
@@ -169,11 +174,17 @@ class PopenLauncher(Launcher):
         if popen is None:
             return None
         code = popen.wait()
+        if getattr(proc, "shared_with", None):
+            proc.close_channel()  # its own pipes; the process's are no channel
         for stream in (popen.stdin, popen.stdout):
             try:
-                stream.close()
+                if stream is not None:
+                    stream.close()
             except (OSError, ValueError):
                 pass
         with self._lock:
-            self._procs.pop(proc.pid, None)
+            self._handles[proc.pid] = self._handles.get(proc.pid, 1) - 1
+            if self._handles[proc.pid] <= 0:  # the last handle of the process: forget it
+                self._procs.pop(proc.pid, None)
+                self._handles.pop(proc.pid, None)
         return code

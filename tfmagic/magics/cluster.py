@@ -77,6 +77,7 @@ def _request(args) -> ClusterRequest:
         master=args.master,
         pace=args.pace,
         net=unquote(args.net) if args.net else None,
+        processes=args.processes,
     )
     try:
         shape = request.shape
@@ -139,6 +140,12 @@ class ClusterMagics(Magics):
         help="all-reduce mode (implies --ps 0): `strategy` in %%%%tf_px cells",
     )
     @arg("--all-interfaces", action="store_true", help="let task servers listen on every interface")
+    @arg(
+        "--processes",
+        default=None,
+        help="put the tasks in this many processes, or 'auto' (one per 16 tasks): 2 ps and 32 workers "
+        "in 2 GB; each task stays a server of its own (local backend)",
+    )
     @arg(
         "--pace",
         default=None,

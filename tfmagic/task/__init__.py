@@ -35,7 +35,7 @@ must spawn one.
 The parts: :mod:`.runtime` (the channel, the role, the op loop),
 :mod:`.server` (the server core and the server of a role), :mod:`.cells`
 (``%%tf_px`` cells), :mod:`.probes` (urgent ops, answered while a cell runs),
-:mod:`.lifeline` (ending with the owner, on every path) and :mod:`.main`
-(the start-up order).  Every message is named in :mod:`tfmagic.protocol`.
+:mod:`.lifeline` (ending with the owner, on every path), :mod:`.host` (one
+process serving several tasks, ``processes=``) and :mod:`.main` (the start-up order).  Every message is named in :mod:`tfmagic.protocol`.
 This package imports nothing at import time: a task loads only what it needs.
 """

@@ -1,4 +1,4 @@
-"""A task's start-up, in its order: tie to the owner, guard the bind, keeper, then serve."""
+"""A task's start-up, in its order: tie to the owner, guard the bind, keeper, then serve (one task, or several)."""
 
 from __future__ import annotations
 
@@ -18,11 +18,18 @@ def main() -> None:
     for key in ("TFMAGIC_PDEATHSIG", "TFMAGIC_OWNER_PID"):
         os.environ.pop(key, None)  # meant for this process, not for what its cells start
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from .runtime import TaskRuntime
     from .server import quiet_queue_runner_shutdown
 
     threading.excepthook = quiet_queue_runner_shutdown
-    TaskRuntime().run()
+    shared = os.environ.pop("TFMAGIC_CHANNELS", None)
+    if shared:  # several tasks in this process, a channel each (processes=)
+        from . import host
+
+        host.run(shared)
+    else:
+        from .runtime import TaskRuntime
+
+        TaskRuntime().run()
 
 
 __all__ = ["main"]

@@ -26,6 +26,13 @@ from ..protocol import URGENT, Event, Op
 def urgent_slow(rt, msg: dict[str, Any]) -> None:
     """Run at 1/factor speed (``tfmagic.procs.throttle``); factor 1 restores."""
     factor = float(msg.get("factor", 1.0))
+    if rt.shared:  # the throttle pauses the whole process, every task in it
+        rt.send(
+            Event.ERROR,
+            id=msg.get("id"),
+            message=f"{rt.label} shares its process: it cannot be throttled alone",
+        )
+        return
     if rt.throttle is not None:
         rt.throttle.terminate()
         try:

@@ -32,27 +32,39 @@ from .server import ServerCore, serve
 class TaskRuntime:
     """State of this task process: its channel, its role and its server."""
 
-    def __init__(self) -> None:
-        # The owner reads events from our original stdout; keep a private copy
-        # and point fd 1 at stderr (the log) so stray prints cannot corrupt it.
-        self._out = os.fdopen(os.dup(1), "wb", buffering=0)
-        os.dup2(2, 1)
-        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
-        # Ops arrive on a private copy of fd 0 (not inherited by children); fd 0
-        # itself becomes /dev/null, and sys.stdin an object that refuses to read,
-        # so neither a cell (input(), breakpoint()) nor its children can eat ops.
-        self._in = os.fdopen(os.dup(0), "rb")
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.close(null)
-        sys.stdin = NoInput(self)
+    def __init__(self, channel: tuple[int, int] | None = None, core: ServerCore | None = None) -> None:
+        """``channel``: the (ops in, events out) descriptors of a task sharing its process with
+        others (:mod:`.host`, which sets the process up once); ``None``: this process's own
+        standard input and output, set up here."""
+        #: one of several tasks of this process (``processes=``): what is the process's, it leaves alone
+        self.shared = channel is not None
+        if channel is not None:
+            ops_fd, events_fd = channel
+            for fd in channel:
+                os.set_inheritable(fd, False)  # not a cell's child's: the owner must see our end
+            self._out = os.fdopen(events_fd, "wb", buffering=0)
+            self._in = os.fdopen(ops_fd, "rb")
+        else:
+            # The owner reads events from our original stdout; keep a private copy
+            # and point fd 1 at stderr (the log) so stray prints cannot corrupt it.
+            self._out = os.fdopen(os.dup(1), "wb", buffering=0)
+            os.dup2(2, 1)
+            sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+            # Ops arrive on a private copy of fd 0 (not inherited by children); fd 0
+            # itself becomes /dev/null, and sys.stdin an object that refuses to read,
+            # so neither a cell (input(), breakpoint()) nor its children can eat ops.
+            self._in = os.fdopen(os.dup(0), "rb")
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.close(null)
+            sys.stdin = NoInput(self)
         self._out_lock = threading.Lock()
         self.ops: queue.Queue[dict[str, Any]] = queue.Queue()
         self.cells = Cells(self)
         self.handlers: dict[Op, Callable[[dict[str, Any]], None]] = {
             Op.ASSIGN: self.assign,
             Op.ENV: self.report_env,
-            Op.EXEC: self.cells.run,
+            Op.EXEC: self.refuse_cell if self.shared else self.cells.run,
             Op.VARIABLES: self.cells.variables,
             Op.PING: lambda msg: self.send(Event.PONG, id=msg.get("id")),
             Op.STOP: lambda msg: self.die("stop requested by the owner", code=0),
@@ -60,7 +72,7 @@ class TaskRuntime:
         self.server = None
         self.strategy = None  # MultiWorkerMirroredStrategy in collective mode (a cell's ``strategy``)
         self.task: tuple[str, int] | None = None
-        self.core: ServerCore | None = None  # TensorFlow's server modules, then its whole API
+        self.core: ServerCore | None = core  # TensorFlow's server modules, then its whole API
         self._cpu_only = False
         self._gpus_hidden = False
         self.lifeline = ParentWatch(self.die)
@@ -126,7 +138,7 @@ class TaskRuntime:
     def assign(self, msg: dict[str, Any]) -> None:
         """Take a role: set the environment, then start the TF server."""
         job, index = msg["job"], int(msg["index"])
-        log_path = msg.get("log")
+        log_path = None if self.shared else msg.get("log")  # a shared process keeps one log
         if log_path:
             self._move_log(log_path)
             fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -134,13 +146,15 @@ class TaskRuntime:
             os.dup2(fd, 2)
             os.close(fd)
         print(f"tfmagic: process {os.getpid()} takes the role {job}:{index}", file=sys.__stderr__, flush=True)
-        for key, value in (msg.get("env") or {}).items():
+        # a shared process has one environment, the one it was started with (CPU only)
+        for key, value in ({} if self.shared else msg.get("env") or {}).items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = str(value)
         cluster = msg["cluster"]
-        os.environ["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": job, "index": index}})
+        if not self.shared:  # read by a cell's strategy; one task's only
+            os.environ["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": job, "index": index}})
         self._cpu_only = bool(msg.get("cpu_only"))
         try:
             self.server, self.strategy = serve(self.core, lambda: self.tf, msg, self._cpu_only)
@@ -158,7 +172,8 @@ class TaskRuntime:
             file=sys.__stderr__,
             flush=True,
         )
-        fdout.capture()  # fd 1 reaches a running %%tf_px cell from here (a child's output, C code)
+        if not self.shared:
+            fdout.capture()  # fd 1 reaches a running %%tf_px cell from here (a child's output, C code)
         self.send(Event.READY, job=job, index=index, target=self.server.target, port=port)
 
     @staticmethod
@@ -177,6 +192,20 @@ class TaskRuntime:
         except OSError:
             pass
 
+    def refuse_cell(self, msg: dict[str, Any]) -> None:
+        """A ``%%tf_px`` cell needs a process of its own (its namespace, fd 1, signals, a throttle)."""
+        self.send(
+            Event.EXEC_DONE,
+            id=msg.get("id"),
+            status="error",
+            ename="SharedProcess",
+            evalue=(
+                f"{self.label} shares process {os.getpid()} with other tasks (processes=): %%tf_px cells "
+                "need a process per task; start the cluster without processes= to run cells on its tasks"
+            ),
+            traceback=[],
+        )
+
     def report_env(self, msg: dict[str, Any]) -> None:
         keys = msg.get("keys") or []
         devices = []
@@ -187,7 +216,8 @@ class TaskRuntime:
     # -- main ------------------------------------------------------------
     def run(self) -> None:
         threading.Thread(target=self._read_ops, name="tfmagic-ops", daemon=True).start()
-        threading.Thread(target=self.lifeline.run, name="tfmagic-parent", daemon=True).start()
+        if not self.shared:  # a shared process's host watches the parent once
+            threading.Thread(target=self.lifeline.run, name="tfmagic-parent", daemon=True).start()
         self.send(
             Event.HELLO,
             pid=os.getpid(),
@@ -198,7 +228,7 @@ class TaskRuntime:
         )
         t0 = time.monotonic()
         try:
-            self.core = ServerCore()
+            self.core = self.core or ServerCore()
         except Exception as exc:  # noqa: BLE001 - told to the owner, then we end
             traceback.print_exc()
             self.send(
