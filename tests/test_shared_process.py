@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -107,6 +108,9 @@ def test_five_hundred_workers_in_shared_processes_are_refused_before_anything_st
     with pytest.raises(WillNotFit) as err:
         cluster.start()
     assert "\n" not in str(err.value) and time.monotonic() - t0 < 10
+    assert re.search(r"502 tasks in 32 shared processes need about .* about \d+ tasks fit", str(err.value)), (
+        err.value
+    )
     assert not cluster.procs
 
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from ..doctor import waits
-from ..errors import ClusterStartError, NoCluster
+from ..errors import ClusterStartError, NoCluster, WillNotFit
 from ..launchers.base import Launcher, TaskHandle, TaskState
 from ..launchers.local import LocalLauncher
 from ..pool import SparePool, default_pool
@@ -127,14 +127,27 @@ class TaskSet:
         """Say before starting anything when ``count`` more local tasks will not fit in memory."""
         if not isinstance(self.launcher, LocalLauncher):
             return
-        from ..procs.memory import check_fits
+        from ..procs.memory import check_fits, limits
+        from ..units import human_bytes
 
         processes = getattr(self.launcher, "processes", None)
         if processes is not None and count > 1:
             from ..launchers.local import process_sizes
 
             n = len(process_sizes(count, processes))
-            check_fits(n, TASK_BYTES, extra_bytes=(count - n) * SHARED_TASK_BYTES)
+            need = n * TASK_BYTES + (count - n) * SHARED_TASK_BYTES
+            binding = min(limits(), key=lambda limit: limit.available)
+            if need > binding.available:
+                fit = max(0, n + (binding.available - n * TASK_BYTES) // SHARED_TASK_BYTES)
+                where = (
+                    "this machine's memory" if not binding.cgroup else f"its cgroup's limit, {binding.source}"
+                )
+                raise WillNotFit(
+                    f"{count} tasks in {n} shared processes need about {human_bytes(need)} ({n} processes at "
+                    f"{human_bytes(TASK_BYTES)} and {count - n} more tasks at {human_bytes(SHARED_TASK_BYTES)}) "
+                    f"but this process's memory limit ({human_bytes(binding.bytes)}, {where}) leaves "
+                    f"{human_bytes(binding.available)}: about {fit} tasks fit that way; start fewer workers"
+                )
             return
         warm = self.pool.count(self.launcher) if self.use_spares else 0
         if count > warm:

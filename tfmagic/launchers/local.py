@@ -182,7 +182,7 @@ class LocalLauncher(PopenLauncher):
             log.flush()
             popen = spawn(
                 [*self.python, "-m", "tfmagic.task_main"],
-                stdin=subprocess.PIPE,  # never written: its end tells the process its owner went
+                stdin=subprocess.DEVNULL,  # each task's channel tells it when its owner went
                 stdout=subprocess.DEVNULL,
                 stderr=log,
                 env=env,
