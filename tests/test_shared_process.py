@@ -141,3 +141,35 @@ def test_processes_with_ssh_or_spark_say_it_is_for_local_clusters():
         check(ClusterRequest(ps=1, workers=2, gpus=("0",), processes=2))
     with pytest.raises(BadArgument, match="1 to 3 processes"):
         check(ClusterRequest(ps=1, workers=2, processes=9))
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "line, said",
+    [
+        ("start --ps 1 --workers 2 --processes 0", "1 to 3 processes"),
+        ("start --ps 1 --workers 2 --processes many", "whole number of processes or 'auto'"),
+        (
+            "start --ps 1 --workers 2 --processes 2 --backend ssh --hosts node1",
+            "processes is for the local backend",
+        ),
+        ("start --ps 1 --workers 2 --processes 2 --gpus 0", "need a process per task"),
+    ],
+)
+def test_the_magic_refuses_a_bad_processes_in_one_line_and_starts_nothing(line, said):
+    from IPython.core.error import UsageError
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from tfmagic import session
+    from tfmagic.magics.cluster import ClusterMagics
+
+    magics = ClusterMagics(shell=InteractiveShell.instance())
+    sess = session.default()
+    previous, sess.cluster = sess.cluster, None
+    try:
+        with pytest.raises(UsageError) as err:
+            magics.tf_cluster(line)
+        assert said in str(err.value) and "\n" not in str(err.value), str(err.value)
+        assert sess.cluster is None
+    finally:
+        sess.cluster = previous
