@@ -17,6 +17,7 @@ from ..errors import BadArgument, ClusterStartError, NeedsForce, SharedProcess, 
 from ..launchers.base import TaskHandle
 from ..protocol import Op
 from ..spec import TaskName
+from . import inspection
 from .outcomes import Restarted, StartOutcome
 from .taskset import _PortTaken
 
@@ -35,11 +36,10 @@ def _live(cluster: Cluster, task: str | TaskName) -> tuple[TaskName, TaskHandle]
 def alone(cluster: Cluster, t: TaskName, doing: str) -> None:
     """One line when ``t`` shares its process (``processes=``): ``doing`` it would do it to them all."""
     proc = cluster.procs.get(t)
-    others = [str(p.task) for p in getattr(proc, "shared_with", ()) if p.task is not None and p.alive]
+    others = inspection.companions(proc)
     if others:
-        named = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
         raise SharedProcess(
-            f"{t} shares process {proc.pid} with {named} (processes=): {doing} it would do the same to "
+            f"{t} shares process {proc.pid} with {inspection.name_some(others)} (processes=): {doing} it would do the same to "
             "them; a task sharing a process cannot be killed, restarted, removed or throttled alone. "
             "Start the cluster without processes= for faults on one task"
             + ("" if cluster.pace is not None else ", or with a pace (--pace) to slow one modelled worker")
@@ -55,8 +55,6 @@ def slow(cluster: Cluster, task: str | TaskName, factor: float = 4.0) -> None:
     if not factor >= 1.0 or factor == float("inf"):
         raise BadArgument(f"factor must be a number >= 1 (1 restores full speed), not {factor:g}")
     t, proc = _live(cluster, task)
-    if cluster.pace is None:
-        alone(cluster, t, "throttling")
     if cluster.pace is not None:
         cluster.pace.set_slowdown(t, factor)
         if factor > 1:
@@ -65,6 +63,7 @@ def slow(cluster: Cluster, task: str | TaskName, factor: float = 4.0) -> None:
             cluster.slowness.pop(t, None)
         cluster.emit("slow", t, (f"x{factor:g}" if factor > 1 else "full speed") + " (modelled)")
         return
+    alone(cluster, t, "throttling")
     try:
         proc.request(Op.SLOW, factor=factor, timeout=5)
     except TimeoutError:

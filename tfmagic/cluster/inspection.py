@@ -72,13 +72,20 @@ def _row(
     )
 
 
+def companions(proc: TaskHandle) -> list[str]:
+    """The live tasks ``proc`` shares its process with (``processes=``); none for a process of its own."""
+    return [str(p.task) for p in getattr(proc, "shared_with", ()) if p.task is not None and p.alive]
+
+
+def name_some(names: list[str], most: int = 3) -> str:
+    """``ps:0, worker:1, worker:2 and 14 more``."""
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
 def _sharing(proc: TaskHandle) -> str:
     """``process of 17 tasks, with ps:0, worker:1, ...`` for a task sharing its process (``processes=``)."""
-    others = [str(p.task) for p in getattr(proc, "shared_with", ()) if p.task is not None and p.alive]
-    if not others:
-        return ""
-    named = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
-    return f"process of {len(others) + 1} tasks, with {named}"
+    others = companions(proc)
+    return f"process of {len(others) + 1} tasks, with {name_some(others)}" if others else ""
 
 
 def status(cluster: Cluster, memory: bool | Collection[str] = True, spares: bool = True) -> ClusterStatus:

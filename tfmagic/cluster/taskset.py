@@ -127,7 +127,7 @@ class TaskSet:
         """Say before starting anything when ``count`` more local tasks will not fit in memory."""
         if not isinstance(self.launcher, LocalLauncher):
             return
-        from ..procs.memory import check_fits, limits
+        from ..procs.memory import check_fits, tightest_limit
         from ..units import human_bytes
 
         processes = getattr(self.launcher, "processes", None)
@@ -136,12 +136,9 @@ class TaskSet:
 
             n = len(process_sizes(count, processes))
             need = n * TASK_BYTES + (count - n) * SHARED_TASK_BYTES
-            binding = min(limits(), key=lambda limit: limit.available)
+            binding, where = tightest_limit()
             if need > binding.available:
                 fit = max(0, n + (binding.available - n * TASK_BYTES) // SHARED_TASK_BYTES)
-                where = (
-                    "this machine's memory" if not binding.cgroup else f"its cgroup's limit, {binding.source}"
-                )
                 raise WillNotFit(
                     f"{count} tasks in {n} shared processes need about {human_bytes(need)} ({n} processes at "
                     f"{human_bytes(TASK_BYTES)} and {count - n} more tasks at {human_bytes(SHARED_TASK_BYTES)}) "

@@ -11,7 +11,7 @@ from ..errors import BadArgument
 from ..network import ports
 from .base import TaskHandle
 from .channel import TaskProcess
-from .process import PACKAGE_PARENT, TASK_ENV, PopenLauncher, spawn
+from .process import PACKAGE_PARENT, TASK_ENV, PopenLauncher
 
 #: tasks a process holds with ``processes="auto"``
 AUTO_TASKS_PER_PROCESS = 16
@@ -174,20 +174,16 @@ class LocalLauncher(PopenLauncher):
         env["TFMAGIC_CHANNELS"] = ",".join(f"{o[0]}:{e[1]}" for o, e in zip(ops, events, strict=True))
         env["CUDA_VISIBLE_DEVICES"] = ""  # one environment for every task of the process: CPU only
         env.setdefault("MALLOC_ARENA_MAX", "2")  # glibc's arenas: 8 a core, each keeping what was freed
-        log = open(log_path, "ab")  # noqa: SIM115 - handed to the child
+        note = f"tfmagic: one process for {len(log_paths)} tasks (processes=); their log is this file\n"
         try:
-            log.write(
-                f"tfmagic: one process for {len(log_paths)} tasks (processes=); their log is this file\n".encode()
-            )
-            log.flush()
-            popen = spawn(
+            popen = self._spawn_logged(
                 [*self.python, "-m", "tfmagic.task_main"],
+                log_path,
+                env=env,
+                note=note,
+                handles=len(log_paths),
                 stdin=subprocess.DEVNULL,  # each task's channel tells it when its owner went
                 stdout=subprocess.DEVNULL,
-                stderr=log,
-                env=env,
-                start_new_session=True,
-                close_fds=True,
                 pass_fds=child_ends,
             )
         except BaseException:
@@ -195,13 +191,8 @@ class LocalLauncher(PopenLauncher):
                 for fd in (*o, *e):
                     os.close(fd)
             raise
-        finally:
-            log.close()
         for fd in child_ends:
             os.close(fd)
-        with self._lock:
-            self._procs[popen.pid] = popen
-            self._handles[popen.pid] = len(log_paths)
         procs = [
             TaskProcess(
                 launcher=self,

@@ -117,10 +117,18 @@ class PopenLauncher(Launcher):
         self._handles: dict[int, int] = {}
         self._lock = threading.Lock()
 
-    def _start(
-        self, argv: list[str], log_path: str, *, host: str, env: dict[str, str] | None = None, note: str = ""
-    ) -> TaskProcess:
-        """Start ``argv`` with its stdin/stdout as the task's channel and its stderr into ``log_path``."""
+    def _spawn_logged(
+        self,
+        argv: list[str],
+        log_path: str,
+        *,
+        env: dict[str, str] | None,
+        note: str = "",
+        handles: int = 1,
+        **popen,
+    ) -> subprocess.Popen:
+        """Start ``argv`` in a session of its own, its stderr into ``log_path`` after ``note``; remembered
+        as the process of ``handles`` task handles (several when tasks share it: ``processes=``)."""
         if os.path.islink(log_path):  # a link to a shared process's log (processes=): a log of its own now
             os.unlink(log_path)
         log = open(log_path, "ab")  # noqa: SIM115 - handed to the child
@@ -128,20 +136,21 @@ class PopenLauncher(Launcher):
             if note:
                 log.write(note.encode())
                 log.flush()
-            popen = spawn(
-                argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                env=env,
-                start_new_session=True,
-                close_fds=True,
-            )
+            popen = spawn(argv, stderr=log, env=env, start_new_session=True, close_fds=True, **popen)
         finally:
             log.close()
         with self._lock:
             self._procs[popen.pid] = popen
-            self._handles[popen.pid] = 1
+            self._handles[popen.pid] = handles
+        return popen
+
+    def _start(
+        self, argv: list[str], log_path: str, *, host: str, env: dict[str, str] | None = None, note: str = ""
+    ) -> TaskProcess:
+        """Start ``argv`` with its stdin/stdout as the task's channel and its stderr into ``log_path``."""
+        popen = self._spawn_logged(
+            argv, log_path, env=env, note=note, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
         return TaskProcess(
             launcher=self,
             pid=popen.pid,

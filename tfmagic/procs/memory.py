@@ -185,6 +185,12 @@ def memory_available(proc: str | os.PathLike = "/proc/self") -> int:
     return min(limit.available for limit in limits(proc))
 
 
+def tightest_limit() -> tuple[Limit, str]:
+    """The limit that leaves this process the least now, and where it comes from, in words."""
+    binding = min(limits(), key=lambda limit: limit.available)
+    return binding, "this machine's memory" if not binding.cgroup else f"its cgroup's limit, {binding.source}"
+
+
 def check_fits(n_tasks: int, per_task_bytes: int, extra_bytes: int = 0) -> int:
     """Raise :class:`~tfmagic.errors.WillNotFit` unless ``n_tasks`` more processes fit now.
 
@@ -193,12 +199,10 @@ def check_fits(n_tasks: int, per_task_bytes: int, extra_bytes: int = 0) -> int:
     available, so a caller can tell how close it came.
     """
     need = n_tasks * per_task_bytes + extra_bytes
-    every = limits()
-    available = min(limit.available for limit in every)
+    binding, where = tightest_limit()
+    available = binding.available
     if need <= available:
         return available
-    binding = min(every, key=lambda limit: limit.available)
-    where = "this machine's memory" if not binding.cgroup else f"its cgroup's limit, {binding.source}"
     besides = f" + {human_bytes(extra_bytes)} besides" if extra_bytes else ""
     raise WillNotFit(
         f"the cluster needs about {human_bytes(need)} ({n_tasks} task processes at "

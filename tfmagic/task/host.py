@@ -25,7 +25,7 @@ import threading
 
 from .cells import NoInput
 from .lifeline import ParentWatch, end_now
-from .runtime import TaskRuntime
+from .runtime import TaskRuntime, quiet_stdio
 from .server import ServerCore
 
 
@@ -45,12 +45,7 @@ def channels(spec: str) -> list[tuple[int, int]]:
 def run(spec: str) -> None:
     """Serve every channel of ``spec`` until the owner goes (any channel's end ends the process)."""
     pairs = channels(spec)
-    # nothing of the process reads or writes the channels: fd 1 is the log, fd 0 /dev/null
-    os.dup2(2, 1)
-    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
+    quiet_stdio()  # the channels are pipes of their own: fd 1 is the log, fd 0 /dev/null
     print(f"tfmagic: process {os.getpid()} hosts {len(pairs)} tasks, a channel each", flush=True)
     try:
         core = ServerCore()

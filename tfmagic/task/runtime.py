@@ -29,6 +29,15 @@ from .lifeline import ParentWatch, end_now
 from .server import ServerCore, serve
 
 
+def quiet_stdio() -> None:
+    """Fd 1 to the log (fd 2) and fd 0 to /dev/null: the process's standard streams carry no channel."""
+    os.dup2(2, 1)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+
+
 class TaskRuntime:
     """State of this task process: its channel, its role and its server."""
 
@@ -45,18 +54,13 @@ class TaskRuntime:
             self._out = os.fdopen(events_fd, "wb", buffering=0)
             self._in = os.fdopen(ops_fd, "rb")
         else:
-            # The owner reads events from our original stdout; keep a private copy
-            # and point fd 1 at stderr (the log) so stray prints cannot corrupt it.
+            # The owner reads events from our original stdout and sends ops to our stdin:
+            # private copies (not inherited by children), then fd 1 and fd 0 let go of them
+            # (quiet_stdio), and sys.stdin an object that refuses to read, so neither a
+            # stray print nor a cell (input(), breakpoint()) nor its children reach the channel.
             self._out = os.fdopen(os.dup(1), "wb", buffering=0)
-            os.dup2(2, 1)
-            sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
-            # Ops arrive on a private copy of fd 0 (not inherited by children); fd 0
-            # itself becomes /dev/null, and sys.stdin an object that refuses to read,
-            # so neither a cell (input(), breakpoint()) nor its children can eat ops.
             self._in = os.fdopen(os.dup(0), "rb")
-            null = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(null, 0)
-            os.close(null)
+            quiet_stdio()
             sys.stdin = NoInput(self)
         self._out_lock = threading.Lock()
         self.ops: queue.Queue[dict[str, Any]] = queue.Queue()
@@ -261,4 +265,4 @@ class TaskRuntime:
                 self.send(Event.ERROR, id=msg.get("id"), message=f"{type(exc).__name__}: {exc}")
 
 
-__all__ = ["TaskRuntime"]
+__all__ = ["TaskRuntime", "quiet_stdio"]
