@@ -235,10 +235,9 @@ class _Published:
         write_atomic(self.path(".frame.json"), json.dumps(frame).encode())
 
     def stop_dashboard(self) -> None:
-        if self.dashboard is not None:
-            self.dashboard.stop()
-            self.dashboard = None
-            self.run = None
+        dashboard, self.dashboard, self.run = self.dashboard, None, None
+        if dashboard is not None:  # let go first: a stop that raises must not keep it drawing
+            dashboard.stop()
 
     def due(self) -> float:
         """When this cluster next needs the thread (a frame while watched; else a look at the file)."""
@@ -255,6 +254,8 @@ class _Published:
             self.sub.close()
             self.write_record()
             return False
+        if not watching:
+            self.stop_dashboard()  # nobody looks: no subscriptions, no drawing (first: a record may fail)
         if self.dirty.is_set() or ((watching or list_watched) and now >= self.next_record):
             self.dirty.clear()
             self.write_record()
@@ -263,8 +264,6 @@ class _Published:
             # on a fixed cadence (not FRAME_EVERY after a slow frame), skipping frames it is late for
             self.next_frame = max(self.next_frame + FRAME_EVERY, now)
             self.draw(cluster)
-        elif not watching:
-            self.stop_dashboard()  # nobody looks: no subscriptions, no drawing
         return True
 
 
