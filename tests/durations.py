@@ -53,10 +53,12 @@ def main() -> None:
     args = parser.parse_args()
     times: dict[str, float] = {}
     cpu: dict[str, float] = {}
+    lane_of: dict[str, str] = {}
     for case in ET.parse(args.xml).getroot().iter("testcase"):
         path = case.get("classname", "").replace(".", "/") + ".py"
-        name = case.get("name", "").removesuffix("@timed").removesuffix("@rest")  # the xdist lane
+        name, _, lane = case.get("name", "").partition("@")  # the xdist lane (group) after the @
         nid = f"{path}::{name}"
+        lane_of[nid] = lane or "-"
         times[nid] = float(case.get("time", 0))
         for prop in case.iter("property"):
             if prop.get("name") == "cpu_s":
@@ -83,6 +85,13 @@ def main() -> None:
             print(f"{tier:10s} {len(per_tier[tier]):6d} {s:8.0f} {s / total:6.0%} {used}")
     if cpu:
         print(f"all CPU: {sum(cpu.values()):.0f} s, {sum(cpu.values()) / total:.2f} cores on average")
+    print(
+        f"\n{'lane':10s} {'tests':>6s} {'seconds':>8s} {'CPU s':>7s} {'cores':>6s}  (the longest lane ends the run)"
+    )
+    for lane in sorted(set(lane_of.values())):
+        ids = [nid for nid in times if lane_of[nid] == lane]
+        s, c = sum(times[n] for n in ids), sum(cpu.get(n, 0.0) for n in ids)
+        print(f"{lane:10s} {len(ids):6d} {s:8.0f} {c:7.0f} {c / s if s else 0:6.2f}")
     print(f"\nthe {args.top} slowest files")
     for path, s in sorted(per_file.items(), key=lambda kv: -kv[1])[: args.top]:
         print(f"  {s:7.0f} s  {path}")
