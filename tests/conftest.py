@@ -66,6 +66,8 @@ REST2_FILES = {
     "test_dashdata.py",
     "test_docs.py",
     "test_tensorboard.py",
+    # a private Slurm (munged, slurmctld, slurmd) and its jobs: about 30 s
+    "test_slurm.py",
 }
 #: the niceness of the other lanes' workers and everything they start (kernels, tasks, servers)
 REST_NICE = 19

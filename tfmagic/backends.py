@@ -39,6 +39,11 @@ class ClusterRequest:
     ssh_config: str | None = None
     tunnel: bool = False
     master: str | None = None
+    #: Slurm: ``sbatch --partition``, ``--time``, ``--account`` and more options
+    partition: str | None = None
+    walltime: str | None = None
+    account: str | None = None
+    sbatch: tuple[str, ...] = ()
     pace: str | float | None = None
     net: str | None = None
     #: tasks spread over this many processes (or ``"auto"``); ``None``: a process each
@@ -114,6 +119,23 @@ def _make_spark(request: ClusterRequest) -> Cluster:
     return SparkCluster(master=master, ps=request.ps, workers=request.workers, **request.common())
 
 
+def _make_slurm(request: ClusterRequest) -> Cluster:
+    import sys
+
+    from .cluster import SlurmCluster
+
+    return SlurmCluster(
+        ps=request.ps,
+        workers=request.workers,
+        partition=request.partition,
+        time=request.walltime,
+        account=request.account,
+        sbatch=request.sbatch,
+        python=request.python or sys.executable,
+        **request.common(),
+    )
+
+
 def _make_ssh(request: ClusterRequest) -> Cluster:
     hosts = _ssh_hosts(request)
     if not hosts:
@@ -158,6 +180,15 @@ register(
 )
 register(
     Backend(
+        "slurm",
+        "task processes as one Slurm job (sbatch), dialling back to this process",
+        ("partition", "walltime", "account", "sbatch", "python"),
+        _make_slurm,
+        lambda r: ("slurm", r.partition),
+    )
+)
+register(
+    Backend(
         "spark",
         "task processes as one Spark barrier job",
         ("master",),
@@ -186,7 +217,18 @@ def check(request: ClusterRequest) -> Backend:
     chosen = backend(request.backend)
     given = {
         name
-        for name in ("hosts", "python", "ssh_config", "tunnel", "master", "processes")
+        for name in (
+            "hosts",
+            "python",
+            "ssh_config",
+            "tunnel",
+            "master",
+            "processes",
+            "partition",
+            "walltime",
+            "account",
+            "sbatch",
+        )
         if getattr(request, name) not in ((), None, False)
     }
     foreign = sorted(given - set(chosen.options))
@@ -219,6 +261,12 @@ def check(request: ClusterRequest) -> Backend:
                 "tasks sharing processes (processes=) run on CPU and serve a parameter-server cluster: "
                 "--collective and --gpus need a process per task"
             )
+    if chosen.name == "slurm":
+        from .launchers.slurm import check_sbatch_args, check_time, slurm_command
+
+        slurm_command("sbatch")
+        check_time(request.walltime)
+        check_sbatch_args(request.sbatch)
     if chosen.name == "ssh" and _ssh_hosts(request):
         from .launchers.ssh import check_hosts
 

@@ -10,7 +10,8 @@
 - :mod:`.network`: the modelled network of one cluster (its relay, cards and links);
 - :mod:`.inspection`: status, each task's condition, logs and the variable map;
 - :mod:`.outcomes`: what a start did (a closed set of kinds);
-- :mod:`.core`: ``Cluster`` itself, ``LocalCluster``, ``SSHCluster`` and ``SparkCluster``.
+- :mod:`.core`: ``Cluster`` itself and ``LocalCluster``;
+- :mod:`.remote`: ``SSHCluster``, ``SparkCluster`` and ``SlurmCluster``.
 
 Where the processes run is the launcher's business (:mod:`tfmagic.launchers`)::
 
@@ -32,8 +33,9 @@ messages in one place.  What happens to the cluster is published on
 
 from __future__ import annotations
 
-from .core import Cluster, LocalCluster, SparkCluster, SSHCluster
+from .core import Cluster, LocalCluster
 from .outcomes import Attached, Launched, Replaced, Restarted, Reused, StartOutcome
+from .remote import SlurmCluster, SparkCluster, SSHCluster
 from .taskset import TASK_BYTES, Progress, TaskSet
 
 __all__ = [
@@ -47,6 +49,7 @@ __all__ = [
     "Restarted",
     "Reused",
     "SSHCluster",
+    "SlurmCluster",
     "SparkCluster",
     "StartOutcome",
     "TaskSet",

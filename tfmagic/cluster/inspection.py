@@ -65,6 +65,7 @@ def _row(
             for n in (
                 f"slowed x{slowness:g}" if slowness else "",
                 _sharing(proc),
+                cluster.launcher.task_note(proc),
             )
             if n
         ),

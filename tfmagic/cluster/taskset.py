@@ -166,6 +166,7 @@ class TaskSet:
             else:
                 fresh.append(task)
         if fresh:
+            self.launcher.progress = say
             try:
                 spawned = self.launcher.spawn_many(
                     [self.log_path(t) for t in fresh], [hosts[tasks.index(t)] for t in fresh]
@@ -174,6 +175,8 @@ class TaskSet:
                 for proc in [*procs.values(), *taken]:
                     proc.kill()
                 raise
+            finally:
+                self.launcher.progress = None
             for task, proc in zip(fresh, spawned, strict=True):
                 where = f" on {proc.destination}" if proc.destination else ""
                 say(task, "spawned", f"new process {proc.pid}{where}, importing TensorFlow")

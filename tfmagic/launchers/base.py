@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import abc
 import enum
+from collections.abc import Callable
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from ..events import Topic
@@ -84,6 +85,9 @@ class Launcher(abc.ABC):
 
     name: ClassVar[str] = "base"
     makes_spares: ClassVar[bool] = False
+    #: ``progress(task, stage, detail)`` of the start under way (the task set sets it around
+    #: :meth:`spawn_many`): where a launcher that waits on a scheduler says why it waits
+    progress: Callable[[str, str, str], None] | None = None
     #: the host part of addresses this launcher's tasks serve on (when there is one)
     host: str = "127.0.0.1"
 
@@ -174,6 +178,10 @@ class Launcher(abc.ABC):
     def close(self) -> None:
         """End anything the launcher itself holds (tunnels, a Spark job); tasks are killed apart."""
         return None
+
+    def task_note(self, proc: TaskHandle) -> str:
+        """What ``status`` notes of where ``proc`` runs beyond its host (a Slurm job and its node)."""
+        return ""
 
     def security_note(self) -> str:
         return ""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 
 from IPython.core.error import UsageError
@@ -57,8 +58,15 @@ def _request(args) -> ClusterRequest:
         raise UsageError(f"unknown backend {args.backend!r}; use one of {', '.join(BACKENDS)}")
     if backend == "ssh" and not args.hosts:
         raise UsageError("--backend ssh needs --hosts, e.g. --hosts node1,node2 (names your ssh knows)")
-    if backend != "ssh" and (args.hosts or args.python or args.ssh_config or args.tunnel):
-        raise UsageError("--hosts, --python, --ssh-config and --tunnel are for --backend ssh")
+    if backend != "ssh" and (args.hosts or args.ssh_config or args.tunnel):
+        raise UsageError("--hosts, --ssh-config and --tunnel are for --backend ssh")
+    if backend not in ("ssh", "slurm") and args.python:
+        raise UsageError("--python is for --backend ssh or slurm (the Python the hosts or nodes run)")
+    slurm_given = [f"--{n}" for n in ("partition", "time", "account", "sbatch") if getattr(args, n)]
+    if backend != "slurm" and slurm_given:
+        raise UsageError(
+            f"{', '.join(slurm_given)} {'is' if len(slurm_given) == 1 else 'are'} for --backend slurm"
+        )
     if backend != "spark" and args.master:
         raise UsageError("--master is for --backend spark, e.g. --backend spark --master local[3]")
     request = ClusterRequest(
@@ -75,6 +83,10 @@ def _request(args) -> ClusterRequest:
         ssh_config=args.ssh_config,
         tunnel=args.tunnel,
         master=args.master,
+        partition=args.partition,
+        walltime=args.time,
+        account=args.account,
+        sbatch=tuple(shlex.split(unquote(args.sbatch))) if args.sbatch else (),
         pace=args.pace,
         net=unquote(args.net) if args.net else None,
         processes=args.processes,
@@ -161,7 +173,7 @@ class ClusterMagics(Magics):
         "rates and delays then change live with %%%%tf_cluster net",
     )
     @arg("--hosts", default=None, help="ssh: hosts, comma-separated (node1,node2)")
-    @arg("--python", default=None, help="ssh: the Python on the hosts (default python3)")
+    @arg("--python", default=None, help="ssh, slurm: the Python on the hosts or nodes (ssh: python3)")
     @arg("--ssh-config", default=None, help="ssh: an ssh config file (ssh -F)")
     @arg(
         "--tunnel",
@@ -169,6 +181,10 @@ class ClusterMagics(Magics):
         help="ssh: servers on each host's loopback, reached through SSH tunnels",
     )
     @arg("--master", default=None, help="spark: local[N] or spark://HOST:PORT")
+    @arg("--partition", default=None, help="slurm: the partition (sbatch --partition)")
+    @arg("--time", default=None, help="slurm: the job's time limit, 1:00:00 (sbatch --time)")
+    @arg("--account", default=None, help="slurm: the account to charge (sbatch --account)")
+    @arg("--sbatch", default=None, help='slurm: more sbatch options, quoted: "--gres=gpu:1 --qos=debug"')
     def cmd_start(self, args):
         request = _request(args)
         shape = request.shape

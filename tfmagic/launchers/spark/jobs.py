@@ -25,6 +25,9 @@ from typing import Any
 
 from .context import SharedContext, error_summary
 
+#: how a launcher cancels a batch's job (Spark: its job group; Slurm: scancel)
+Cancel = Callable[["Batch"], None]
+
 log = logging.getLogger("tfmagic.spark")
 
 _ids = itertools.count(1)
@@ -53,7 +56,7 @@ class Slot:
         """A line in the task's log file (on this machine)."""
         try:
             with open(self.log_path, "ab") as f:
-                f.write(f"tfmagic: spark: {text}\n".encode())
+                f.write(f"tfmagic: {self.batch.scheduler}: {text}\n".encode())
         except OSError:
             pass
 
@@ -82,6 +85,12 @@ class Batch:
     finished: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
     closed: bool = False
+    #: who runs the job, for the tasks' log lines: ``spark`` or ``slurm``
+    scheduler: str = "spark"
+    #: the scheduler's id of the job (Slurm's job id), once submitted
+    job_id: str | None = None
+    #: the scheduler's last word on the job (Slurm: ``PENDING (Resources)``, ``CANCELLED``)
+    state: str = ""
 
 
 class Jobs:
@@ -93,7 +102,7 @@ class Jobs:
         self.by_pid: dict[int, Slot] = {}
 
     # -- submitting ----------------------------------------------------------------
-    def new_batch(self, log_paths: list[str], barrier: bool) -> Batch:
+    def new_batch(self, log_paths: list[str], barrier: bool, scheduler: str = "spark") -> Batch:
         """A batch with one slot per log path (``worker-1.log`` is ``worker:1`` in the Spark UI)."""
         tasks = ", ".join(Path(p).stem.replace("-", ":", 1) for p in log_paths)
         batch_id = f"{os.getpid()}-{next(_ids)}-{secrets.token_hex(4)}"
@@ -102,6 +111,7 @@ class Jobs:
             group=f"tfmagic-{batch_id}",
             description=f"tfmagic: {tasks}" + (" (barrier)" if barrier else " (restart)"),
             barrier=barrier,
+            scheduler=scheduler,
         )
         batch.slots = [Slot(batch, i, p) for i, p in enumerate(log_paths)]
         with self.lock:
@@ -215,22 +225,22 @@ class Jobs:
                 self.batches.pop(batch.id, None)
 
     # -- ending --------------------------------------------------------------------------
-    def abandon(self, batch: Batch, ctx: SharedContext | None) -> None:
-        """Close a batch's connections and cancel its Spark job (its tasks end with both)."""
+    def abandon(self, batch: Batch, cancel: Cancel | None) -> None:
+        """Close a batch's connections and cancel its job (its tasks end with both)."""
         with self.lock:
             batch.closed = True
         for slot in batch.slots:
             slot.close()
-        if not batch.finished.is_set() and ctx is not None:
+        if not batch.finished.is_set() and cancel is not None:
             try:
-                ctx.sc.cancelJobGroup(batch.group)
-            except Exception as exc:  # noqa: BLE001 - the context may be gone already
+                cancel(batch)
+            except Exception as exc:  # noqa: BLE001 - the scheduler may be gone already
                 log.info("cancelling %s failed: %s", batch.group, exc)
             batch.finished.wait(30)
         with self.lock:
             self.batches.pop(batch.id, None)
 
-    def close(self, ctx: SharedContext | None) -> None:
+    def close(self, cancel: Cancel | None) -> None:
         """End every job: a job whose tasks all ended finishes as a success, the rest are cancelled."""
         with self.lock:
             batches = list(self.batches.values())
@@ -238,4 +248,4 @@ class Jobs:
             if all(s.done.is_set() for s in batch.slots):
                 batch.finished.wait(10)
             if not batch.finished.is_set():
-                self.abandon(batch, ctx)
+                self.abandon(batch, cancel)

@@ -14,44 +14,21 @@ connection.
 from __future__ import annotations
 
 import functools
-import itertools
 import socket
 import sys
-from typing import IO, Any, cast
+from typing import Any
 
 from ...errors import ClusterStartError
-from ...procs import owner
-from ...protocol import Op
 from .. import spark_task
-from ..base import Launcher
 from ..channel import TaskProcess
 from ..process import PACKAGE_PARENT, TASK_ENV
+from ..relayed import RelayedLauncher
 from .context import Application, SharedContext, is_loopback_master, local_slots
-from .jobs import Batch, Jobs, Slot
-from .relay import Refusal, Relay
-
-_fake_pids = itertools.count(-1, -1)
+from .jobs import Batch, Jobs
+from .relay import Relay
 
 
-class _EndOnReset:
-    """The reading end of a relayed control connection: a reset (a relay killed with bytes
-    unread, as Spark does to a cancelled job) is the end of the stream, as a closed pipe is
-    for a local task, not an exception that ends the task's reader thread unrecorded."""
-
-    def __init__(self, stream: IO[bytes]) -> None:
-        self._stream = stream
-
-    def readline(self, size: int = -1) -> bytes:
-        try:
-            return self._stream.readline(size)
-        except OSError:
-            return b""
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
-
-
-class SparkLauncher(Launcher):
+class SparkLauncher(RelayedLauncher):
     """Runs each task as a Spark task: the cluster is one barrier job of a Spark application.
 
     Parameters
@@ -84,6 +61,7 @@ class SparkLauncher(Launcher):
     """
 
     name = "spark"
+    where_tasks_run = "Spark executor host"
 
     def __init__(
         self,
@@ -123,32 +101,6 @@ class SparkLauncher(Launcher):
     @property
     def _given(self) -> Any:
         return self.app.given
-
-    @property
-    def _batches(self) -> dict[str, Batch]:
-        return self.jobs.batches
-
-    @property
-    def _by_pid(self) -> dict[int, Slot]:
-        return self.jobs.by_pid
-
-    @property
-    def _secret(self) -> bytes:
-        return self.relay.secret
-
-    @property
-    def _listener(self) -> socket.socket | None:
-        return self.relay.sock
-
-    @property
-    def refused(self) -> list[Refusal]:
-        """The last connections refused, ``(time, peer, reason)``, newest last (see ``refused_count``)."""
-        return list(self.relay.refused)
-
-    @property
-    def refused_count(self) -> int:
-        """Every connection refused so far."""
-        return self.relay.refused_count
 
     def _listen(self) -> tuple[str, int]:
         """Open the relay listener (if it is not open): the address the relays connect to."""
@@ -225,7 +177,7 @@ class SparkLauncher(Launcher):
         relay_address = f"{self.host}:{self.relay.port or '?'}"
         problem = self.jobs.wait_started(batch, self.connect_timeout, relay_address, self.ui_url)
         if problem is not None:
-            self.jobs.abandon(batch, self.app.current)
+            self.jobs.abandon(batch, self.cancel)
             raise ClusterStartError(
                 f"{problem}. {self._hint(len(batch.slots), problem)}".strip(),
                 log_tail=self.app.driver_log_tail(),
@@ -246,21 +198,6 @@ class SparkLauncher(Launcher):
         if "shut down" in problem and self.master.startswith("spark://"):
             return f"Check that the Spark master {self.master} is running and has live workers."
         return ""
-
-    def _process(self, slot: Slot) -> TaskProcess:
-        taken = {p.pid for p in owner.processes()}
-        pid = self.jobs.adopt(slot, taken, lambda: next(_fake_pids))
-        assert slot.control is not None
-        proc = TaskProcess(
-            launcher=self,
-            pid=pid,
-            host=slot.address or "127.0.0.1",
-            to_task=slot.control.makefile("wb"),
-            from_task=cast(IO[bytes], _EndOnReset(slot.control.makefile("rb"))),
-            log_path=slot.log_path,
-        )
-        proc.destination = slot.address
-        return proc
 
     # -- the contract ---------------------------------------------------------------------
     def spawn_many(self, log_paths: list[str], hosts: list[str]) -> list[TaskProcess]:
@@ -287,7 +224,7 @@ class SparkLauncher(Launcher):
         batch = self._start([log_path], barrier=False)
         slot = batch.slots[0]
         if host and host != "spark" and slot.address and slot.address != host:
-            self.jobs.abandon(batch, self.app.current)
+            self.jobs.abandon(batch, self.cancel)
             raise ClusterStartError(
                 f"Spark placed the restarted task on {slot.address}, not on {host} where the rest of the "
                 "cluster expects it (a Spark task cannot be pinned to a host from Python); "
@@ -295,53 +232,16 @@ class SparkLauncher(Launcher):
             )
         return self._process(slot)
 
-    def kill(self, proc: TaskProcess) -> None:
-        """Ask the task to end at once (it kills its own group), then end its connection."""
-        slot = self.jobs.get(proc.pid)
-        if slot is None or slot.done.is_set():
-            return
-        proc.send(Op.CRASH)
-        if not slot.done.wait(3):
-            # The task did not answer (stopped by a throttle? a stuck relay?): closing the
-            # control connection ends its standard input, and the relay ends the task if it
-            # does not end by itself.
-            if slot.control is not None:
-                try:
-                    slot.control.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-            if not slot.done.wait(10):
-                slot.close()
-
-    def wait_exit(self, proc: TaskProcess) -> int | None:
-        slot = self.jobs.get(proc.pid)
-        if slot is None:
-            return None
-        if not slot.done.wait(15):
-            slot.close()
-        slot.done.wait(5)
-        slot.close()
-        self.jobs.forget(proc.pid)
-        return slot.exit_code
-
-    def diagnose(self, proc: TaskProcess, log_tail: str) -> str:
-        slot = self.jobs.get(proc.pid)
-        where = f"{slot.hostname} ({slot.address})" if slot and slot.hostname else "the Spark executors"
-        if "No module named 'tfmagic" in log_tail:
-            return (
-                f"install tfmagic and TensorFlow for {self.python} on every Spark executor host "
-                f"({where} here), or pass python= with the Python that has them"
-            )
-        if "TensorFlow could not be imported" in log_tail or "No module named 'tensorflow" in log_tail:
-            return f"install TensorFlow for {self.python} on {where}, or pass python= with the Python that has it"
-        if slot is not None and slot.error:
-            return slot.error
-        return ""
+    def cancel(self, batch: Batch) -> None:
+        """Cancel ``batch``'s Spark job group (Spark kills its relays)."""
+        ctx = self.app.current
+        if ctx is not None:
+            ctx.sc.cancelJobGroup(batch.group)
 
     def close(self) -> None:
         """Cancel this launcher's Spark jobs; stop the Spark application if this launcher made it."""
         ctx = self.app.detach()
-        self.jobs.close(ctx)
+        self.jobs.close(lambda batch: ctx.sc.cancelJobGroup(batch.group) if ctx is not None else None)
         self.relay.close()
         self.app.let_go(ctx)
 

@@ -1,0 +1,159 @@
+"""The Slurm backend against a real Slurm (issue 25): munged, slurmctld and slurmd started here.
+
+A start is one ``sbatch`` job whose tasks dial back to this process; the cluster trains as any
+other; ``stop``, the owner's ``kill -9`` (running or still queued) and a job that can never start
+all leave Slurm's queue empty and no task process behind; a job that waits says Slurm's reason.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import tfmagic
+from tfmagic.errors import BadArgument, ClusterStartError, TfmagicError
+
+from .conftest import assert_gone, poll_for, task_processes
+from .slurmhost import PrivateSlurm, skip_reason
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    why = skip_reason()
+    if why:
+        pytest.skip(why)
+    private = PrivateSlurm(tmp_path_factory.mktemp("slurm"))
+    before = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = str(private.conf)
+    try:
+        yield private
+    finally:
+        private.close()
+        if before is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = before
+
+
+def test_a_cluster_is_one_slurm_job_that_trains_and_stop_empties_the_queue(slurm, no_leaks):
+    seen: list[tuple[str, str, str]] = []
+    cluster = tfmagic.SlurmCluster(ps=1, workers=2, partition="debug", time="10", start_timeout=120)
+    try:
+        cluster.start(progress=lambda task, stage, detail: seen.append((task, stage, detail)))
+        (job,) = cluster.launcher.job_ids
+        assert slurm.queue() == [f"{job} RUNNING"]
+        status = cluster.status()
+        assert all(f"Slurm job {job} on {slurm.node}" in row.note for row in status.tasks), status
+        assert f"tasks run as Slurm job(s) {job}" in str(status)
+        pids = {p.task_pid for p in cluster.procs.values()}
+        assert pids <= set(task_processes())  # tasks of this run, under Slurm's slurmstepd
+        run = tfmagic.train(cluster, mode="async", model="digits", steps=40, lr=0.05)
+        assert run.steps == 40 and set(run.by_task()) == {"worker:0", "worker:1"}
+        assert {stage for _, stage, _ in seen} >= {"spawned", "up"}
+    finally:
+        cluster.stop()
+    poll_for(lambda: not slurm.queue(), 30, what="Slurm's queue to empty after stop")
+    assert_gone(pids)
+
+
+_OWNER = textwrap.dedent(
+    """
+    import sys, time, tfmagic
+    cluster = tfmagic.SlurmCluster(ps=1, workers=1, sbatch=sys.argv[1:], start_timeout=300)
+    cluster.start()
+    print("up", *[p.task_pid for p in cluster.procs.values()], flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def _owner(*sbatch: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", _OWNER, *sbatch], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+
+
+def test_the_owner_killed_ends_its_running_job_and_tasks(slurm):
+    owner = _owner()
+    try:
+        line = poll_for(lambda: owner.stdout.readline(), 120, what="the owner's cluster to start")
+        pids = [int(p) for p in line.split()[1:]]
+        assert len(pids) == 2 and len(slurm.queue()) == 1
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(10)
+        poll_for(lambda: not slurm.queue(), 30, what="the job of a killed owner to end")
+        assert_gone(pids)
+    finally:
+        owner.kill()
+        owner.wait(10)
+
+
+def test_a_queued_job_is_cancelled_when_its_owner_dies_and_a_waiting_start_says_why(slurm, no_leaks):
+    owner = _owner("--begin=now+1hour")  # queued: no relay inside it yet to notice its owner is gone
+    try:
+        poll_for(lambda: [j for j in slurm.queue() if "PENDING" in j], 60, what="the owner's job to queue")
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(10)
+        poll_for(lambda: not slurm.queue(), 30, what="the queued job of a killed owner to be cancelled")
+    finally:
+        owner.kill()
+        owner.wait(10)
+    cluster = tfmagic.SlurmCluster(ps=1, workers=1, sbatch=["--begin=now+1hour"], connect_timeout=4)
+    with pytest.raises(ClusterStartError) as info:
+        cluster.start()
+    message = str(info.value)
+    assert "\n" not in message and "was still pending after 4 s: BeginTime" in message, message
+    poll_for(lambda: not slurm.queue(), 30, what="the job of a start that gave up to be cancelled")
+
+
+def test_a_job_slurm_can_never_start_fails_at_once_with_its_reason(slurm, no_leaks):
+    cluster = tfmagic.SlurmCluster(
+        ps=1, workers=20, partition="debug", start_timeout=120
+    )  # 21 tasks, 8 cores
+    t0 = time.monotonic()
+    with pytest.raises(ClusterStartError) as info:
+        cluster.start()
+    message = str(info.value)
+    assert "can never start as asked (PartitionConfig" in message and "\n" not in message, message
+    assert time.monotonic() - t0 < 30
+    poll_for(lambda: not slurm.queue(), 30, what="the refused job to leave the queue")
+
+
+def test_bad_slurm_requests_are_one_line_each(slurm):
+    with pytest.raises(BadArgument, match="not a Slurm time limit"):
+        tfmagic.SlurmCluster(time="1h")
+    with pytest.raises(BadArgument, match="no partition 'nope'; it has debug"):
+        tfmagic.SlurmCluster(partition="nope")
+    with pytest.raises(BadArgument, match="not an sbatch option"):
+        tfmagic.SlurmCluster(sbatch=["gres=gpu:1"])
+    with pytest.raises(BadArgument, match="processes= .* local clusters only"):
+        tfmagic.SlurmCluster(processes=2)
+    assert not slurm.queue()
+
+
+@pytest.mark.unit
+def test_without_slurm_the_backend_says_what_to_install(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(TfmagicError) as info:
+        tfmagic.SlurmCluster()
+    assert str(info.value).startswith("no sbatch on the PATH: the slurm backend needs Slurm; install")
+    from tfmagic.backends import ClusterRequest, check
+
+    with pytest.raises(TfmagicError, match="no sbatch on the PATH"):
+        check(ClusterRequest(backend="slurm"))
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("good", ["90", "1:30", "1:30:00", "2-12", "2-12:30", "2-12:30:00"])
+def test_slurms_time_formats_are_accepted(good):
+    from tfmagic.launchers.slurm import check_time
+
+    assert check_time(good) == good
