@@ -148,6 +148,12 @@ class PrivateSlurm:
         out = self.run("squeue", "-h", "-o", "%i %T").stdout
         return [line.strip() for line in out.splitlines() if line.strip()]
 
+    def describe(self) -> str:
+        """The queue with Slurm's reasons and the node's state, for a test's failure message."""
+        queue = self.run("squeue", "-h", "-o", "%i %T %r").stdout.strip() or "(empty)"
+        node = self.run("sinfo", "-h", "-N", "-o", "%N %T %E").stdout.strip()
+        return f"queue: {queue}; node: {node}"
+
     def close(self) -> None:
         """Cancel every job, then end the daemons (slurmd first: it ends its steps)."""
         if any(p.poll() is None for p in self.procs):

@@ -157,3 +157,92 @@ def test_slurms_time_formats_are_accepted(good):
     from tfmagic.launchers.slurm import check_time
 
     assert check_time(good) == good
+
+
+TRAIN_PY = textwrap.dedent(
+    """
+    # Between-graph replication, TF1 style (the seeds' programs): w on the ps, each worker's own graph.
+    import json, os
+    import numpy as np
+    import tensorflow as tf
+    tf1 = tf.compat.v1
+    tf1.disable_eager_execution()
+    config = json.loads(os.environ["TF_CONFIG"])
+    index = config["task"]["index"]
+    with tf1.device(tf1.train.replica_device_setter(cluster=tf.train.ClusterSpec(config["cluster"]))):
+        step = tf1.train.get_or_create_global_step()
+        w = tf1.get_variable("w", initializer=0.0)
+        x = tf1.placeholder(tf.float32, [None])
+        loss = tf.reduce_mean(tf.square(w * x - 3.0 * x))
+        train = tf1.train.GradientDescentOptimizer(0.1).minimize(loss, global_step=step)
+    hooks = [tf1.train.StopAtStepHook(last_step=200)]
+    mine = 0
+    rng = np.random.default_rng(index)
+    with tf1.train.MonitoredTrainingSession(master=server.target, is_chief=index == 0, hooks=hooks) as sess:
+        while not sess.should_stop():
+            sess.run(train, {x: rng.uniform(-1, 1, 32)})
+            mine += 1
+    print(f"worker {index}: {mine} steps of mine", flush=True)
+    with tf1.Session(server.target) as sess:
+        print(f"worker {index}: w {sess.run(w):.3f} at global step {sess.run(step)}", flush=True)
+    """
+)
+
+
+def test_an_exported_slurm_script_trains_when_sbatch_runs_it(slurm, tmp_path, no_leaks):
+    """tfmagic export slurm's script, submitted with sbatch to the same Slurm, trains between-graph."""
+    from tfmagic.export import write_export
+    from tfmagic.network.ports import free_port
+    from tfmagic.spec import ClusterShape
+
+    (tmp_path / "train.py").write_text(TRAIN_PY)
+    script = write_export(
+        "slurm",
+        tmp_path / "job.sbatch",
+        ClusterShape(ps=1, workers=2),
+        python=sys.executable,
+        port=free_port(),
+        partition="debug",
+        time="10",
+        output=str(tmp_path / "job-%j.out"),
+    )
+    done = slurm.run("sbatch", "--parsable", f"--chdir={tmp_path}", str(script))
+    assert done.returncode == 0, done.stdout + done.stderr
+    # (not sbatch --wait: it kept polling for a job Slurm had already forgotten, MinJobAge=2 here)
+    job = done.stdout.strip()
+    poll_for(
+        lambda: not slurm.queue(),
+        240,
+        interval=0.5,
+        what=lambda: f"Slurm job {job} to end ({slurm.describe()})",
+    )
+    out = "".join(p.read_text() for p in tmp_path.glob("job-*.out"))
+    finals = [line for line in out.splitlines() if " w " in line and "global step" in line]
+    mine = [int(line.split(": ")[1].split()[0]) for line in out.splitlines() if "steps of mine" in line]
+    assert len(finals) == 2 and len(mine) == 2 and min(mine) > 0, out[-3000:]
+    for line in finals:
+        w, step = float(line.split(" w ")[1].split()[0]), int(line.rsplit(" ", 1)[1])
+        assert abs(w - 3.0) < 0.1 and step >= 200, line
+    assert not slurm.queue()
+
+
+def test_scancel_from_outside_ends_training_with_one_line_that_names_the_job(slurm, no_leaks):
+    cluster = tfmagic.SlurmCluster(ps=1, workers=2, start_timeout=120)
+    try:
+        cluster.start()
+        (job,) = cluster.launcher.job_ids
+        run = tfmagic.train(cluster, mode="async", model="digits", steps=10**6, lr=0.05, block=False)
+        poll_for(lambda: run.history.steps > 10, 60, what="the run's first updates")
+        assert slurm.run("scancel", job).returncode == 0
+        with pytest.raises(tfmagic.TrainingError) as info:
+            run.wait(60)
+        message = str(info.value)
+        assert f"Slurm ended job {job} (CANCELLED)" in message and "start the cluster again" in message, (
+            message
+        )
+        assert "\n" not in message
+        notes = {row.task: row.note for row in cluster.status().tasks}
+        assert all(f"Slurm ended job {job} (CANCELLED)" in n for n in notes.values()), notes
+    finally:
+        cluster.stop()
+    poll_for(lambda: not slurm.queue(), 30, what="the cancelled job to leave the queue")

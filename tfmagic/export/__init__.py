@@ -31,8 +31,9 @@ True
 
 Nothing here imports TensorFlow or talks to Slurm or Kubernetes.  The output is
 checked by tests (parsed, ``bash -n``, read back by TensorFlow's resolvers in a
-simulated allocation), but it has not been run on a real Slurm or Kubernetes
-cluster; ``docs/export.md`` says what was checked and how.
+simulated allocation); a Slurm script is also submitted with ``sbatch`` to a real
+one-node Slurm and trains (``tests/test_slurm.py``).  The Kubernetes files have not
+been run on a real cluster; ``docs/export.md`` says what was checked and how.
 """
 
 from __future__ import annotations

@@ -137,7 +137,7 @@ def slurm_script(
         "# tf.distribute.cluster_resolver.SlurmClusterResolver (jobs in name order):",
         "#   " + "; ".join(ranks),
         f"# Each task listens on port {port} + its local task number on its node.",
-        "# Checked by tfmagic's tests in a simulated allocation, not on a real Slurm cluster.",
+        "# Run by tfmagic's tests on a real one-node Slurm and in a simulated two-node allocation.",
         *[f"#SBATCH {opt}" for opt in sbatch],
         "",
         "set -euo pipefail",

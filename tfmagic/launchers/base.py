@@ -179,6 +179,10 @@ class Launcher(abc.ABC):
         """End anything the launcher itself holds (tunnels, a Spark job); tasks are killed apart."""
         return None
 
+    def ended_by(self, proc: TaskHandle) -> str:
+        """Who ended ``proc`` from outside, if anyone did ("Slurm ended job 12 (CANCELLED)"); else ""."""
+        return ""
+
     def task_note(self, proc: TaskHandle) -> str:
         """What ``status`` notes of where ``proc`` runs beyond its host (a Slurm job and its node)."""
         return ""

@@ -136,9 +136,10 @@ def job_state(job_id: str) -> tuple[str, str] | None:
     """``(state, reason)`` of a job Slurm still knows (``("PENDING", "Resources")``), else ``None``."""
     done = _run([slurm_command("squeue"), "-h", "-j", job_id, "-o", "%T|%r"], timeout=15.0)
     line = done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout.strip() else ""
-    if line:
+    if line and not line.startswith("COMPLETING"):
         state, _, reason = line.partition("|")
         return state.strip(), reason.strip()
+    # ended (or ending: squeue says COMPLETING while the steps are killed): scontrol has the state
     done = _run(["scontrol", "show", "job", "-o", job_id], timeout=15.0) if shutil.which("scontrol") else None
     if done is not None and done.returncode == 0:
         fields = dict(kv.split("=", 1) for kv in done.stdout.split() if "=" in kv)
@@ -216,6 +217,8 @@ class SlurmLauncher(RelayedLauncher):
         self.relay = Relay(self.jobs.claim, self._bind_address)
         self._client_address: str | None = None
         self._keeper: subprocess.Popen | None = None
+        #: each task's batch by pid, kept after the task ended (what ended it, for status and training)
+        self._batch_of: dict[int, Batch] = {}
 
     # -- placement ------------------------------------------------------------------------
     @property
@@ -412,6 +415,11 @@ class SlurmLauncher(RelayedLauncher):
         return batch
 
     # -- the contract ---------------------------------------------------------------------
+    def _process(self, slot) -> TaskProcess:
+        proc = super()._process(slot)
+        self._batch_of[proc.pid] = slot.batch
+        return proc
+
     def spawn_many(self, log_paths: list[str], hosts: list[str]) -> list[TaskProcess]:
         """One batch job with a Slurm task per log path; returns when every task process runs."""
         if not log_paths:
@@ -438,10 +446,8 @@ class SlurmLauncher(RelayedLauncher):
 
     def diagnose(self, proc: TaskProcess, log_tail: str) -> str:
         said = super().diagnose(proc, log_tail)
-        slot = self.jobs.get(proc.pid)
-        if not said and slot is not None and slot.batch.state.split(" ")[0] in ENDED:
-            said = f"Slurm ended job {slot.batch.job_id} ({slot.batch.state}): start the cluster again"
-        return said
+        cause = self.ended_by(proc)
+        return said or (f"{cause}: start the cluster again" if cause else "")
 
     def close(self) -> None:
         """Cancel this launcher's Slurm jobs that still run or wait; close the listener and the keeper."""
@@ -484,8 +490,32 @@ class SlurmLauncher(RelayedLauncher):
         slot = self.jobs.get(getattr(proc, "pid", None))
         return slot.batch.job_id if slot is not None else None
 
-    def task_note(self, proc: Any) -> str:
-        slot = self.jobs.get(getattr(proc, "pid", None))
-        if slot is None or slot.batch.job_id is None:
+    def ended_by(self, proc: Any) -> str:
+        batch = self._batch_of.get(getattr(proc, "pid", None))
+        if batch is None or batch.job_id is None or batch.closed:  # closed: this process cancelled it
             return ""
-        return f"Slurm job {slot.batch.job_id} on {slot.hostname or 'a node'}"
+        state = batch.state
+        deadline = time.monotonic() + 3.0
+        while not batch.finished.is_set():
+            try:
+                found = job_state(batch.job_id)
+            except (OSError, subprocess.SubprocessError, ClusterStartError):
+                return ""
+            state = found[0] if found else "ended"
+            # COMPLETING: Slurm is ending the job's steps (a scancel a moment ago, or the job's end);
+            # its final state follows within a second
+            if state != "COMPLETING" or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        if state.split(" ")[0] in ENDED - {"COMPLETED"} or state == "ended":
+            return f"Slurm ended job {batch.job_id} ({state})"
+        return ""
+
+    def task_note(self, proc: Any) -> str:
+        batch = self._batch_of.get(getattr(proc, "pid", None))
+        if batch is None or batch.job_id is None:
+            return ""
+        if getattr(proc, "alive", False):
+            slot = self.jobs.get(proc.pid)
+            return f"Slurm job {batch.job_id} on {(slot.hostname if slot else None) or 'a node'}"
+        return self.ended_by(proc) or f"Slurm job {batch.job_id}"

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .. import client
-from ..errors import TrainingError
 from ..metrics import GlobalStep, StepRecord
 from .params import clear_executor
 from .steps import RING, SKIPPED, Worker, start_worker_thread
@@ -85,11 +84,7 @@ class AsyncLoop:
                 else:
                     self.pause_and_respread()
             if self.policy.all_lost():
-                self.control.fail(
-                    TrainingError(
-                        "every worker was lost; restart them (%tf_cluster restart worker:0 ...) and resume()"
-                    )
-                )
+                self.control.fail(self.policy.all_lost_error())
             self.training.checkpoint()
             if self.history.steps != seen:
                 seen, last_check = self.history.steps, time.monotonic()

@@ -302,9 +302,31 @@ class FailurePolicy:
             self.move_error = why
             self._release_leaving()
 
+    def ended_outside(self, tasks) -> TrainingError | None:
+        """The error to end with when a scheduler ended ``tasks`` (Slurm's ``scancel``, a time limit):
+        no restart brings a cancelled job back, so the advice is a new start; ``None`` otherwise."""
+        for task in tasks:
+            proc = self.cluster.procs.get(task)
+            cause = self.cluster.launcher.ended_by(proc) if proc is not None else ""
+            if cause:
+                return TrainingError(
+                    f"{task} was lost at step {self.run.step_now()}: {cause}, and its tasks with it; start "
+                    "the cluster again (%tf_cluster start ... --replace) and train from the start"
+                )
+        return None
+
+    def all_lost_error(self) -> TrainingError:
+        """Every worker is gone: why, and what to do."""
+        return self.ended_outside([w.task for w in self.workers.values()]) or TrainingError(
+            "every worker was lost; restart them (%tf_cluster restart worker:0 ...) and resume()"
+        )
+
     def ps_lost(self, task: TaskName) -> TrainingError:
         ckpt = self.run.checkpoints.last()
         at = f"step {self.run.checkpoints.last_step}" if ckpt else "no checkpoint yet"
+        outside = self.ended_outside([task])
+        if outside is not None:
+            return outside
         return TrainingError(
             f"{task} was lost at step {self.run.step_now()}: the variables on it are gone. "
             f"Restart it (cluster.restart('{task}') or %tf_cluster restart {task}) and call resume() "
@@ -445,6 +467,9 @@ class FailurePolicy:
         if len(alive) >= needed:
             return
         lost = [w.task for w in self.members() if w.lost]
+        outside = self.ended_outside(lost)
+        if outside is not None:
+            raise outside
         if self.config.backup_workers == 0:
             raise TrainingError(
                 f"sync training needs all {self.run.workers_n} workers every step (backup_workers=0) and "
