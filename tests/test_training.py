@@ -254,11 +254,15 @@ def test_async_staleness_grows_for_a_slowed_worker(paced3):
     process (1/16) also slowed the other worker, whose calls share this process's client (a two-lane
     run measured worker 1 at 0.2 and worker 0 at 0.33), and at an exact 1/16 worker 1's first call
     outlasted the whole run (a CI run, 2026-11-28)."""
+    # 80 ms, not the fixture's 40: the ratios are the model's at any pace, and at 40 ms a loaded CI
+    # machine (the niced lanes beside it) twice failed to keep it ("15% of the steps took longer")
+    paced3.pace.base = 0.08
     paced3.slow("worker:2", 4)
     try:
         h = tfmagic.train(paced3, mode="async", model="linear", steps=240, lr=0.05)
     finally:
         paced3.slow("worker:2", 1)
+        paced3.pace.base = 0.04
     assert not [n for n in h.notes if "could not keep" in n], h.notes
     stale = h.staleness()
     # the model: 2 x 4 = 8 for worker 2; 1 + 1/4 for each of the others
