@@ -24,6 +24,7 @@ import threading
 from itertools import count
 from typing import TYPE_CHECKING
 
+from .errors import TfmagicError
 from .procs import owner
 from .units import parse_bytes
 
@@ -136,7 +137,7 @@ class SparePool:
                 if p.alive and p.task is None and p.launcher.signature == launcher.signature
             )
             room = capacity - len([p for p in self._spares if p.alive])
-            todo = max(0, min(n - have, room))
+            todo = max(0, min(n - have, room, self._quota_room()))
         made = []
         for _ in range(todo):
             log = owner.runtime_dir() / f"spare-{next(self._seq)}.log"
@@ -145,6 +146,17 @@ class SparePool:
             with self._lock:
                 self._spares.append(proc)
         return made
+
+    @staticmethod
+    def _quota_room() -> int:
+        """Spares a hub's task limit leaves room for (spares are task processes: they count)."""
+        from .procs import quota
+
+        try:
+            max_tasks, _ = quota.limits()
+        except TfmagicError:  # a malformed limit: the next start says so; no spares meanwhile
+            return 0
+        return 1 << 30 if max_tasks is None else max(0, max_tasks - len(quota.user_tasks()))
 
     def fill_later(self, launcher: Launcher, n: int) -> threading.Thread:
         """:meth:`fill` on a background thread, so a start returns at once."""

@@ -128,6 +128,7 @@ class TaskSet:
         if not isinstance(self.launcher, LocalLauncher):
             return
         from ..procs.memory import check_fits, tightest_limit
+        from ..procs.quota import check_quota
         from ..units import human_bytes
 
         processes = getattr(self.launcher, "processes", None)
@@ -136,6 +137,7 @@ class TaskSet:
 
             n = len(process_sizes(count, processes))
             need = n * TASK_BYTES + (count - n) * SHARED_TASK_BYTES
+            check_quota(count, need)  # a hub's limits on this user's tasks, in all their kernels
             binding, where = tightest_limit()
             if need > binding.available:
                 fit = max(0, n + (binding.available - n * TASK_BYTES) // SHARED_TASK_BYTES)
@@ -147,6 +149,9 @@ class TaskSet:
                 )
             return
         warm = self.pool.count(self.launcher) if self.use_spares else 0
+        check_quota(
+            max(0, count - warm), max(0, count - warm) * TASK_BYTES
+        )  # a warm spare is counted already
         if count > warm:
             check_fits(count - warm, self.pool.spare_cost() if self.use_spares else TASK_BYTES)
 
