@@ -57,6 +57,15 @@ def test_a_cluster_is_one_slurm_job_that_trains_and_stop_empties_the_queue(slurm
         assert pids <= set(task_processes())  # tasks of this run, under Slurm's slurmstepd
         run = tfmagic.train(cluster, mode="async", model="digits", steps=40, lr=0.05)
         assert run.steps == 40 and set(run.by_task()) == {"worker:0", "worker:1"}
+        # %%tf_px: code goes down the relayed channel; each task's parent is its relay, under slurmstepd
+        from tfmagic.px import run_px
+
+        code = "import os\nprint(job_name, task_index, os.environ['SLURM_JOB_ID'], flush=True)\nos.getppid()"
+        outcomes = run_px(cluster, code).wait(60)
+        for task, proc in cluster.procs.items():
+            outcome = outcomes[str(task)]
+            assert outcome.status == "ok" and outcome.stdout == f"{task.job} {task.index} {job}\n", outcome
+            assert outcome.result == cluster.launcher._by_pid[proc.pid].relay_pid
         assert {stage for _, stage, _ in seen} >= {"spawned", "up"}
     finally:
         cluster.stop()
