@@ -255,3 +255,91 @@ def test_scancel_from_outside_ends_training_with_one_line_that_names_the_job(slu
     finally:
         cluster.stop()
     poll_for(lambda: not slurm.queue(), 30, what="the cancelled job to leave the queue")
+
+
+def test_workers_own_sbatch_options_put_them_in_a_job_of_their_own(slurm, no_leaks):
+    """worker_sbatch (GPUs, say) applies to the workers only: the ps runs in a job without them."""
+    cluster = tfmagic.SlurmCluster(ps=1, workers=2, worker_sbatch=["--cpus-per-task=2"], start_timeout=120)
+    try:
+        cluster.start()
+        jobs = cluster.launcher.job_ids
+        assert len(jobs) == 2 and len(slurm.queue()) == 2
+        cpus = {}
+        for job in jobs:
+            fields = dict(
+                kv.split("=", 1)
+                for kv in slurm.run("scontrol", "show", "job", "-o", job).stdout.split()
+                if "=" in kv
+            )
+            cpus[fields["NumTasks"]] = fields["CPUs/Task"]
+        assert cpus == {"1": "1", "2": "2"}, (
+            cpus
+        )  # the ps's job of one task, the workers' of two at 2 cores each
+        notes = {str(row.task): row.note for row in cluster.status().tasks}
+        assert (
+            notes["ps:0"].split(" on ")[0]
+            != notes["worker:0"].split(" on ")[0]
+            == notes["worker:1"].split(" on ")[0]
+        )
+        run = tfmagic.train(cluster, mode="sync", model="digits", steps=10, lr=0.05)
+        assert run.steps == 10
+    finally:
+        cluster.stop()
+    poll_for(lambda: not slurm.queue(), 30, what="both jobs to end")
+
+
+@pytest.mark.parametrize(
+    "line, said",
+    [
+        ("start --backend slurm --time 1h", "time='1h' is not a Slurm time limit"),
+        ("start --partition debug", "--partition is for --backend slurm"),
+        ("start --worker-sbatch --gpus-per-task=1", "--worker-sbatch is for --backend slurm"),
+        ('start --sbatch "--qos=debug --exclusive"', "--sbatch is for --backend slurm"),
+        ('start --backend slurm --worker-sbatch "--gpus-per-task=1 qos"', "'qos' is not an sbatch option"),
+        ("start --backend slurm --partition nope", "Slurm has no partition 'nope'"),
+        ("start --backend slurm --sbatch gres=gpu:1", "'gres=gpu:1' is not an sbatch option"),
+        ("start --backend slurm --net ps:0", "a modelled network (--net) works on local clusters only"),
+        ("start --backend slurm --processes 2", "processes is for the local backend"),
+    ],
+)
+def test_the_magic_refuses_a_bad_slurm_start_in_one_line_and_queues_nothing(slurm, line, said):
+    from IPython.core.error import UsageError
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from tfmagic import session
+    from tfmagic.magics.cluster import ClusterMagics
+
+    magics = ClusterMagics(shell=InteractiveShell.instance())
+    sess = session.default()
+    previous, sess.cluster = sess.cluster, None
+    try:
+        with pytest.raises(UsageError) as err:
+            magics.tf_cluster(line)
+        assert said in str(err.value) and "\n" not in str(err.value), str(err.value)
+        assert sess.cluster is None and not slurm.queue()
+    finally:
+        sess.cluster = previous
+
+
+def test_the_magic_starts_a_slurm_job_with_quoted_sbatch_options_and_stops_it(slurm, no_leaks):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from tfmagic import session
+    from tfmagic.magics.cluster import ClusterMagics
+
+    magics = ClusterMagics(shell=InteractiveShell.instance())
+    sess = session.default()
+    previous, sess.cluster = sess.cluster, None
+    try:
+        magics.tf_cluster(
+            'start --backend slurm --workers 1 --time 10 --sbatch "--comment=from-the-magic --nice=0"'
+        )
+        (job,) = sess.cluster.launcher.job_ids
+        shown = slurm.run("scontrol", "show", "job", "-o", job).stdout
+        assert "Comment=from-the-magic" in shown and "TimeLimit=00:10:00" in shown, shown
+        magics.tf_cluster("stop")
+        poll_for(lambda: not slurm.queue(), 30, what="the magic's job to end")
+    finally:
+        if sess.cluster is not None and sess.cluster.running:
+            sess.cluster.stop()
+        sess.cluster = previous

@@ -44,6 +44,7 @@ class ClusterRequest:
     walltime: str | None = None
     account: str | None = None
     sbatch: tuple[str, ...] = ()
+    worker_sbatch: tuple[str, ...] = ()
     pace: str | float | None = None
     net: str | None = None
     #: tasks spread over this many processes (or ``"auto"``); ``None``: a process each
@@ -131,6 +132,7 @@ def _make_slurm(request: ClusterRequest) -> Cluster:
         time=request.walltime,
         account=request.account,
         sbatch=request.sbatch,
+        worker_sbatch=request.worker_sbatch,
         python=request.python or sys.executable,
         **request.common(),
     )
@@ -182,7 +184,7 @@ register(
     Backend(
         "slurm",
         "task processes as one Slurm job (sbatch), dialling back to this process",
-        ("partition", "walltime", "account", "sbatch", "python"),
+        ("partition", "walltime", "account", "sbatch", "worker_sbatch", "python"),
         _make_slurm,
         lambda r: ("slurm", r.partition),
     )
@@ -228,6 +230,7 @@ def check(request: ClusterRequest) -> Backend:
             "walltime",
             "account",
             "sbatch",
+            "worker_sbatch",
         )
         if getattr(request, name) not in ((), None, False)
     }
@@ -267,6 +270,7 @@ def check(request: ClusterRequest) -> Backend:
         slurm_command("sbatch")
         check_time(request.walltime)
         check_sbatch_args(request.sbatch)
+        check_sbatch_args(request.worker_sbatch)
     if chosen.name == "ssh" and _ssh_hosts(request):
         from .launchers.ssh import check_hosts
 

@@ -73,13 +73,13 @@ def SlurmCluster(ps: int = 1, workers: int = 2, **kwargs) -> Cluster:  # noqa: N
     """A cluster whose tasks run as one Slurm job (see :mod:`tfmagic.launchers.slurm`).
 
     Keyword arguments of :class:`~tfmagic.launchers.slurm.SlurmLauncher` (``partition``,
-    ``time``, ``account``, ``sbatch``, ``cpus_per_task``, ``python``, ``address``, ``guard``,
-    ``connect_timeout``) go to the launcher; the rest (``env``, ``start_timeout``, ``name``, ...)
+    ``time``, ``account``, ``sbatch``, ``worker_sbatch``, ``cpus_per_task``, ``python``,
+    ``address``, ``guard``, ``connect_timeout``) go to the launcher; the rest (``env``, ``start_timeout``, ``name``, ...)
     to :class:`Cluster`.  ``start_timeout`` also bounds how long the job may wait in the queue.
     Stopping the cluster ends the job; so does the kernel's death.
 
     >>> cluster = SlurmCluster(ps=1, workers=4, partition="debug", time="1:00:00",
-    ...                        sbatch=["--gres=gpu:1"])          # doctest: +SKIP
+    ...                        worker_sbatch=["--gpus-per-task=1"])  # doctest: +SKIP
     >>> cluster.start()                                          # doctest: +SKIP
     """
     from ..launchers.slurm import SlurmLauncher
@@ -90,6 +90,7 @@ def SlurmCluster(ps: int = 1, workers: int = 2, **kwargs) -> Cluster:  # noqa: N
         "time",
         "account",
         "sbatch",
+        "worker_sbatch",
         "cpus_per_task",
         "python",
         "address",

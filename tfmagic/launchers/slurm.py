@@ -157,8 +157,11 @@ class SlurmLauncher(RelayedLauncher):
         ``sbatch --partition``, ``--time`` (``"1:00:00"``) and ``--account``; Slurm's defaults
         when left out.
     sbatch:
-        More ``sbatch`` options, each kept as one ``#SBATCH`` line (``["--gres=gpu:1",
-        "--qos=debug"]``).
+        More ``sbatch`` options, each kept as one ``#SBATCH`` line (``["--qos=debug"]``).
+    worker_sbatch:
+        Options for the workers only (``["--gpus-per-task=1"]``): the workers then run as a job
+        of their own beside the ps tasks' job, so a ps (which runs on CPU) holds no GPU.  A start
+        waits for both jobs; ending either ends the cluster's tasks in it, and ``stop`` both.
     cpus_per_task:
         ``sbatch --cpus-per-task`` (TensorFlow's thread pools are sized from the cores a task sees).
     python:
@@ -184,6 +187,7 @@ class SlurmLauncher(RelayedLauncher):
         time: str | None = None,
         account: str | None = None,
         sbatch: Sequence[str] | str | None = None,
+        worker_sbatch: Sequence[str] | str | None = None,
         cpus_per_task: int | None = None,
         python: str = sys.executable,
         address: str | None = None,
@@ -197,6 +201,7 @@ class SlurmLauncher(RelayedLauncher):
         self.time = check_time(time)
         self.account = account
         self.sbatch_args = check_sbatch_args(sbatch)
+        self.worker_sbatch_args = check_sbatch_args(worker_sbatch)
         if cpus_per_task is not None and (not isinstance(cpus_per_task, int) or cpus_per_task < 1):
             raise BadArgument(f"cpus_per_task={cpus_per_task!r}: give a whole number of cores, 1 or more")
         self.cpus_per_task = cpus_per_task
@@ -250,7 +255,7 @@ class SlurmLauncher(RelayedLauncher):
             return [b.job_id for b in self.jobs.batches.values() if b.job_id and not b.finished.is_set()]
 
     # -- a job --------------------------------------------------------------------------------
-    def _script(self, batch: Batch, config_path: Path, out_path: Path) -> str:
+    def _script(self, batch: Batch, config_path: Path, out_path: Path, extra: Sequence[str] = ()) -> str:
         lines = [
             "#!/bin/sh",
             "#SBATCH --job-name=tfmagic",
@@ -261,7 +266,7 @@ class SlurmLauncher(RelayedLauncher):
         lines += [f"#SBATCH --time={self.time}"] if self.time else []
         lines += [f"#SBATCH --account={self.account}"] if self.account else []
         lines += [f"#SBATCH --cpus-per-task={self.cpus_per_task}"] if self.cpus_per_task else []
-        lines += [f"#SBATCH {arg}" for arg in self.sbatch_args]
+        lines += [f"#SBATCH {arg}" for arg in (*self.sbatch_args, *extra)]
         lines.append(f"# tfmagic: {batch.description}")
         if self.loopback:  # a checkout that is not installed still works when the nodes are this machine
             lines.append(f"export PYTHONPATH={shlex.quote(PACKAGE_PARENT)}${{PYTHONPATH:+:$PYTHONPATH}}")
@@ -269,7 +274,7 @@ class SlurmLauncher(RelayedLauncher):
         lines.append("exec srun --unbuffered " + " ".join(shlex.quote(a) for a in relay))
         return "\n".join(lines) + "\n"
 
-    def _submit(self, batch: Batch) -> Path:
+    def _submit(self, batch: Batch, extra: Sequence[str] = ()) -> Path:
         """Write the job's files beside the first task's log and ``sbatch`` it; returns its output file."""
         folder = Path(batch.slots[0].log_path).parent / "slurm"
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -291,7 +296,7 @@ class SlurmLauncher(RelayedLauncher):
             json.dump(config, f)
         out_path = folder / f"{batch.id}.out"
         script = folder / f"{batch.id}.sh"
-        script.write_text(self._script(batch, config_path, out_path))
+        script.write_text(self._script(batch, config_path, out_path, extra))
         done = _run([self.sbatch_path, "--parsable", str(script)], timeout=60.0)
         if done.returncode != 0:
             with self.jobs.lock:
@@ -405,14 +410,35 @@ class SlurmLauncher(RelayedLauncher):
                 )
             time.sleep(0.05)
 
-    def _start(self, log_paths: list[str]) -> Batch:
-        batch = self.jobs.new_batch(log_paths, barrier=len(log_paths) > 1, scheduler="slurm")
-        out_path = self._submit(batch)
-        problem = self._wait_started(batch, out_path)
-        if problem is not None:
-            self.jobs.abandon(batch, self.cancel)
-            raise ClusterStartError(problem, log_tail=read_tail(str(out_path), 20))
-        return batch
+    @staticmethod
+    def _is_worker(log_path: str) -> bool:
+        return Path(log_path).stem.startswith("worker-")
+
+    def _start(self, log_paths: list[str]) -> list[Batch]:
+        """Submit the job (two, ps and workers, with ``worker_sbatch``) and wait until every task runs."""
+        groups = [log_paths]
+        if self.worker_sbatch_args:
+            groups = [
+                [p for p in log_paths if not self._is_worker(p)],
+                [p for p in log_paths if self._is_worker(p)],
+            ]
+        started: list[tuple[Batch, Path]] = []
+        try:
+            for paths in groups:
+                if not paths:
+                    continue
+                batch = self.jobs.new_batch(paths, barrier=len(paths) > 1, scheduler="slurm")
+                extra = self.worker_sbatch_args if self._is_worker(paths[0]) else ()
+                started.append((batch, self._submit(batch, extra)))
+            for batch, out_path in started:
+                problem = self._wait_started(batch, out_path)
+                if problem is not None:
+                    raise ClusterStartError(problem, log_tail=read_tail(str(out_path), 20))
+        except BaseException:
+            for batch, _ in started:
+                self.jobs.abandon(batch, self.cancel)
+            raise
+        return [batch for batch, _ in started]
 
     # -- the contract ---------------------------------------------------------------------
     def _process(self, slot) -> TaskProcess:
@@ -424,12 +450,12 @@ class SlurmLauncher(RelayedLauncher):
         """One batch job with a Slurm task per log path; returns when every task process runs."""
         if not log_paths:
             return []
-        batch = self._start(log_paths)
-        return [self._process(slot) for slot in batch.slots]
+        slots = {slot.log_path: slot for batch in self._start(log_paths) for slot in batch.slots}
+        return [self._process(slots[path]) for path in log_paths]
 
     def spawn(self, log_path: str, host: str | None = None) -> TaskProcess:
         """One task again (a restart): a job of one task, which must land where the old one was."""
-        batch = self._start([log_path])
+        (batch,) = self._start([log_path])
         slot = batch.slots[0]
         if host and host != "slurm" and slot.address and slot.address != host:
             self.jobs.abandon(batch, self.cancel)

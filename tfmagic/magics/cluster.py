@@ -62,7 +62,11 @@ def _request(args) -> ClusterRequest:
         raise UsageError("--hosts, --ssh-config and --tunnel are for --backend ssh")
     if backend not in ("ssh", "slurm") and args.python:
         raise UsageError("--python is for --backend ssh or slurm (the Python the hosts or nodes run)")
-    slurm_given = [f"--{n}" for n in ("partition", "time", "account", "sbatch") if getattr(args, n)]
+    slurm_given = [
+        f"--{n.replace('_', '-')}"
+        for n in ("partition", "time", "account", "sbatch", "worker_sbatch")
+        if getattr(args, n)
+    ]
     if backend != "slurm" and slurm_given:
         raise UsageError(
             f"{', '.join(slurm_given)} {'is' if len(slurm_given) == 1 else 'are'} for --backend slurm"
@@ -87,6 +91,7 @@ def _request(args) -> ClusterRequest:
         walltime=args.time,
         account=args.account,
         sbatch=tuple(shlex.split(unquote(args.sbatch))) if args.sbatch else (),
+        worker_sbatch=tuple(shlex.split(unquote(args.worker_sbatch))) if args.worker_sbatch else (),
         pace=args.pace,
         net=unquote(args.net) if args.net else None,
         processes=args.processes,
@@ -184,7 +189,12 @@ class ClusterMagics(Magics):
     @arg("--partition", default=None, help="slurm: the partition (sbatch --partition)")
     @arg("--time", default=None, help="slurm: the job's time limit, 1:00:00 (sbatch --time)")
     @arg("--account", default=None, help="slurm: the account to charge (sbatch --account)")
-    @arg("--sbatch", default=None, help='slurm: more sbatch options, quoted: "--gres=gpu:1 --qos=debug"')
+    @arg("--sbatch", default=None, help='slurm: more sbatch options, quoted: "--qos=debug"')
+    @arg(
+        "--worker-sbatch",
+        default=None,
+        help='slurm: options for the workers only, quoted: "--gpus-per-task=1" (they run as a job of their own)',
+    )
     def cmd_start(self, args):
         request = _request(args)
         shape = request.shape

@@ -34,6 +34,9 @@ def count(text: str) -> int:
 
 
 _NEGATIVE_VALUE = re.compile(r"(?<!\S)(--[A-Za-z][\w-]*)\s+(-[0-9.]\S*)")
+#: options whose values are other programs' options (``--sbatch "--qos=debug"``): argparse would
+#: read the value as options of its own, so they are taken out before it parses and set after
+_OPTIONS_AS_VALUES = re.compile(r"(?<!\S)(--(?:sbatch|worker-sbatch))\s+(\"[^\"]*\"|'[^']*'|-\S+)")
 
 
 def positive_count(text: str) -> int:
@@ -212,7 +215,18 @@ class Verbs:
         parser = v.parser(self.magic)
         # '--delay -1ms' is a value, not an option: argparse takes only plain negative numbers as values
         rest = _NEGATIVE_VALUE.sub(r"\1=\2", rest)
+        taken: dict[str, str] = {}
+
+        def take(m: re.Match) -> str:
+            taken[m.group(1)[2:].replace("-", "_")] = m.group(2)
+            return ""
+
+        rest = _OPTIONS_AS_VALUES.sub(take, rest)
         args = parser.parse_argstring(rest)
+        for name, value in taken.items():
+            if not hasattr(args, name):
+                raise UsageError(f"unrecognized arguments: --{name.replace('_', '-')}")
+            setattr(args, name, value)
         if args.help:
             parser.print_help()
             return None
