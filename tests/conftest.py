@@ -299,6 +299,29 @@ def no_leaks(request):
     )
 
 
+def magic_refusal(line: str) -> str:
+    """What ``%tf_cluster LINE`` says when it refuses (a UsageError, one line), checked to have left
+    the session without a cluster: a bad start starts nothing."""
+    from IPython.core.error import UsageError
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from tfmagic import session
+    from tfmagic.magics.cluster import ClusterMagics
+
+    magics = ClusterMagics(shell=InteractiveShell.instance())
+    sess = session.default()
+    previous, sess.cluster = sess.cluster, None
+    try:
+        with pytest.raises(UsageError) as err:
+            magics.tf_cluster(line)
+        message = str(err.value)
+        assert "\n" not in message, message
+        assert sess.cluster is None
+        return message
+    finally:
+        sess.cluster = previous
+
+
 def bytes_moved(before, after, src_job: str, dst_job: str) -> int:
     """Bytes sent from tasks of ``src_job`` to tasks of ``dst_job`` between two ``cluster.traffic()`` readings."""
     return sum(

@@ -18,7 +18,7 @@ import tfmagic
 from tfmagic.errors import BadArgument, BadClusterShape, PxError, SharedProcess, WillNotFit
 from tfmagic.launchers.local import check_processes, process_sizes
 
-from .conftest import poll_for
+from .conftest import magic_refusal, poll_for
 
 pytestmark = pytest.mark.cluster
 
@@ -157,19 +157,5 @@ def test_processes_with_ssh_or_spark_say_it_is_for_local_clusters():
     ],
 )
 def test_the_magic_refuses_a_bad_processes_in_one_line_and_starts_nothing(line, said):
-    from IPython.core.error import UsageError
-    from IPython.core.interactiveshell import InteractiveShell
-
-    from tfmagic import session
-    from tfmagic.magics.cluster import ClusterMagics
-
-    magics = ClusterMagics(shell=InteractiveShell.instance())
-    sess = session.default()
-    previous, sess.cluster = sess.cluster, None
-    try:
-        with pytest.raises(UsageError) as err:
-            magics.tf_cluster(line)
-        assert said in str(err.value) and "\n" not in str(err.value), str(err.value)
-        assert sess.cluster is None
-    finally:
-        sess.cluster = previous
+    message = magic_refusal(line)
+    assert said in message, message

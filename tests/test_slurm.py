@@ -19,7 +19,7 @@ import pytest
 import tfmagic
 from tfmagic.errors import BadArgument, ClusterStartError, TfmagicError
 
-from .conftest import assert_gone, poll_for, task_processes
+from .conftest import assert_gone, magic_refusal, poll_for, task_processes
 from .slurmhost import PrivateSlurm, skip_reason
 
 pytestmark = pytest.mark.cluster
@@ -308,22 +308,8 @@ def test_workers_own_sbatch_options_put_them_in_a_job_of_their_own(slurm, no_lea
     ],
 )
 def test_the_magic_refuses_a_bad_slurm_start_in_one_line_and_queues_nothing(slurm, line, said):
-    from IPython.core.error import UsageError
-    from IPython.core.interactiveshell import InteractiveShell
-
-    from tfmagic import session
-    from tfmagic.magics.cluster import ClusterMagics
-
-    magics = ClusterMagics(shell=InteractiveShell.instance())
-    sess = session.default()
-    previous, sess.cluster = sess.cluster, None
-    try:
-        with pytest.raises(UsageError) as err:
-            magics.tf_cluster(line)
-        assert said in str(err.value) and "\n" not in str(err.value), str(err.value)
-        assert sess.cluster is None and not slurm.queue()
-    finally:
-        sess.cluster = previous
+    message = magic_refusal(line)
+    assert said in message and not slurm.queue(), message
 
 
 def test_the_magic_starts_a_slurm_job_with_quoted_sbatch_options_and_stops_it(slurm, no_leaks):

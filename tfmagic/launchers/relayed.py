@@ -20,6 +20,7 @@ from ..procs import owner
 from ..protocol import Op
 from .base import Launcher
 from .channel import TaskProcess
+from .process import PACKAGE_PARENT, TASK_ENV
 
 if TYPE_CHECKING:  # the Spark package's launcher is built on this module
     from .spark.jobs import Batch, Jobs, Slot
@@ -56,8 +57,57 @@ class RelayedLauncher(Launcher):
     #: what the scheduler calls the place a task runs, for messages ("Spark executor host")
     where_tasks_run = "host"
 
+    guard: bool
+    loopback: bool
+    extra_env: dict[str, str | None]
+
     def cancel(self, batch: Batch) -> None:
         """Cancel ``batch``'s job with the scheduler (its relays, and so its tasks, end)."""
+
+    @property
+    def where_key(self) -> Any:
+        """What names where this launcher's jobs go (Spark's master, Slurm's partition)."""
+        return None
+
+    def running_as(self) -> str:
+        """How the tasks run, for the security line ("Spark tasks (local[3])", "Slurm job(s) 12")."""
+        return f"{self.name} tasks"
+
+    # -- placement: the scheduler places the tasks; each one's address is known when its relay dials back
+    @property
+    def signature(self) -> tuple:
+        return (self.name, self.where_key, self.python)
+
+    def placement(self) -> tuple:
+        return (self.name, self.where_key)
+
+    def hosts_for(self, count: int) -> list[str]:
+        return [self.name] * count
+
+    def relay_config(self, batch: Batch, host: str, port: int) -> dict[str, Any]:
+        """What each relay of ``batch`` is told, never on a command line: where to dial back, the
+        cluster's secret, and the task's Python and environment."""
+        env: dict[str, str | None] = dict(TASK_ENV)
+        env.update(self.extra_env)
+        return {
+            "host": host,
+            "port": port,
+            "secret": self.relay.secret.hex(),
+            "batch": batch.id,
+            "python": self.python,
+            "env": env,
+            "guard": self.guard,
+            # A checkout that is not installed still works when the tasks share this machine.
+            "pythonpath": PACKAGE_PARENT if self.loopback else None,
+        }
+
+    def security_note(self) -> str:
+        where = "their spec address only" if self.guard else "EVERY network interface"
+        return (
+            f"tasks run as {self.running_as()}; their control channel to this process is authenticated "
+            f"with a per-cluster secret ({self.relay.refusals_note()}) but not encrypted; task servers "
+            f"listen on {where} and run any TensorFlow graph anyone who can reach them sends"
+        )
 
     # -- the parts, by the names tests and older code use ---------------------------------
     @property

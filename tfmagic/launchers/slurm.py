@@ -44,7 +44,7 @@ from typing import Any
 from ..errors import BadArgument, ClusterStartError
 from ..logs import read_tail
 from .channel import TaskProcess
-from .process import PACKAGE_PARENT, TASK_ENV
+from .process import PACKAGE_PARENT
 from .relayed import RelayedLauncher
 from .spark.jobs import Batch, Jobs
 from .spark.relay import Relay
@@ -235,18 +235,14 @@ class SlurmLauncher(RelayedLauncher):
         return self.host
 
     @property
-    def signature(self) -> tuple:
-        return (self.name, self.partition, self.python)
+    def where_key(self) -> str | None:
+        return self.partition
 
-    def placement(self) -> tuple:
-        return (self.name, self.partition)
+    def running_as(self) -> str:
+        return f"Slurm job(s) {', '.join(self.job_ids) or '(none running)'}"
 
     def describe(self) -> str:
         return f" as a Slurm job ({'partition ' + self.partition if self.partition else 'default partition'})"
-
-    def hosts_for(self, count: int) -> list[str]:
-        # Slurm places the tasks; each one's address is known when its relay dials back.
-        return ["slurm"] * count
 
     @property
     def job_ids(self) -> list[str]:
@@ -278,18 +274,7 @@ class SlurmLauncher(RelayedLauncher):
         """Write the job's files beside the first task's log and ``sbatch`` it; returns its output file."""
         folder = Path(batch.slots[0].log_path).parent / "slurm"
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        env: dict[str, str | None] = dict(TASK_ENV)
-        env.update(self.extra_env)
-        config = {
-            "host": self.host,
-            "port": self.relay.listen(),
-            "secret": self.relay.secret.hex(),
-            "batch": batch.id,
-            "python": self.python,
-            "env": env,
-            "guard": self.guard,
-            "pythonpath": PACKAGE_PARENT if self.loopback else None,
-        }
+        config = self.relay_config(batch, self.host, self.relay.listen())
         config_path = folder / f"{batch.id}.json"
         fd = os.open(config_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -500,16 +485,6 @@ class SlurmLauncher(RelayedLauncher):
 
             self._client_address = f"{self.host}:{client.client_port()}"
         return self._client_address
-
-    # -- security ---------------------------------------------------------------------------
-    def security_note(self) -> str:
-        where = "their spec address only" if self.guard else "EVERY network interface"
-        return (
-            f"tasks run as Slurm job(s) {', '.join(self.job_ids) or '(none running)'}; their control channel "
-            f"to this process is authenticated with a per-cluster secret ({self.relay.refusals_note()}) but "
-            f"not encrypted; task servers listen on {where} and run any TensorFlow graph anyone who can "
-            "reach them sends"
-        )
 
     def job_of(self, proc: Any) -> str | None:
         """The Slurm job id a task runs in (``None`` for a task this launcher does not hold)."""

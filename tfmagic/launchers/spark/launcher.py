@@ -21,7 +21,6 @@ from typing import Any
 from ...errors import ClusterStartError
 from .. import spark_task
 from ..channel import TaskProcess
-from ..process import PACKAGE_PARENT, TASK_ENV
 from ..relayed import RelayedLauncher
 from .context import Application, SharedContext, is_loopback_master, local_slots
 from .jobs import Batch, Jobs
@@ -115,18 +114,14 @@ class SparkLauncher(RelayedLauncher):
         return self.app.driver_host or socket.gethostname()
 
     @property
-    def signature(self) -> tuple:
-        return (self.name, self.master, self.python)
+    def where_key(self) -> str:
+        return self.master
 
-    def placement(self) -> tuple:
-        return (self.name, self.master)
+    def running_as(self) -> str:
+        return f"Spark tasks ({self.master})"
 
     def describe(self) -> str:
         return f" on Spark {self.master}"
-
-    def hosts_for(self, count: int) -> list[str]:
-        # Spark places the tasks; each one's address is known when its relay connects.
-        return ["spark"] * count
 
     def _bind_address(self) -> str:
         """Where the listener binds: loopback for local masters, else the driver's own address."""
@@ -151,19 +146,7 @@ class SparkLauncher(RelayedLauncher):
     def _relay_config(self, batch: Batch) -> dict[str, Any]:
         """What each relay of ``batch`` gets inside the Spark closure (never on a command line)."""
         host, port = self._listen()
-        env: dict[str, str | None] = dict(TASK_ENV)
-        env.update(self.extra_env)
-        return {
-            "host": host,
-            "port": port,
-            "secret": self.relay.secret.hex(),
-            "batch": batch.id,
-            "python": self.python,
-            "env": env,
-            "guard": self.guard,
-            # A checkout that is not installed still works when executors share this machine.
-            "pythonpath": PACKAGE_PARENT if self.loopback else None,
-        }
+        return self.relay_config(batch, host, port)
 
     def _start(self, log_paths: list[str], barrier: bool) -> Batch:
         """Submit a job for ``log_paths`` and return once every task process runs."""
@@ -264,13 +247,3 @@ class SparkLauncher(RelayedLauncher):
             )
             self._client_address = f"{local}:{client.client_port()}"
         return self._client_address
-
-    # -- security ---------------------------------------------------------------------------
-    def security_note(self) -> str:
-        where = "their spec address only" if self.guard else "EVERY network interface"
-        return (
-            f"tasks run as Spark tasks ({self.master}); their control channel to this process is "
-            f"authenticated with a per-cluster secret ({self.relay.refusals_note()}) but not "
-            f"encrypted; task servers listen on {where} and run any TensorFlow graph anyone who can "
-            "reach them sends"
-        )
