@@ -48,12 +48,12 @@ TIMED_FILES = {
     # not timed, but its JVM and Spark tasks fit here without disturbing a lesson (this lane runs
     # one test at a time): the two lanes took about 1,100 s each in a full run
     "test_spark.py",
-    # not timed either: a private Slurm's daemons and jobs, like Spark's (about 80 s)
-    "test_slurm.py",
     # not timed either: building Binder's environment (pip, 140 s) balances the lanes. In a clean-clone
     # run (session 15) the rest lane held 1,753 s of tests and ended the suite, the timed lane 1,439 s
     "test_binder_env.py",
 }
+#: (test_slurm.py, a private Slurm's daemons and jobs, runs in the rest lane: in the timed lane beside
+#: Spark it made that lane 1,564 s against the rest's 1,277 in a clean-clone run.)
 #: the niceness of the other lane's worker and everything it starts (kernels, tasks, servers).
 #: Three lanes (two niced) were tried on 2026-12-02 and gave nothing: 1,507 s against 1,545 on the
 #: same machine, the same CPU, and the niced lanes' timed checks (a shaped link's rate, a Spark JVM's
