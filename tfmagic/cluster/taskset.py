@@ -149,11 +149,10 @@ class TaskSet:
                 )
             return
         warm = self.pool.count(self.launcher) if self.use_spares else 0
-        check_quota(
-            max(0, count - warm), max(0, count - warm) * TASK_BYTES
-        )  # a warm spare is counted already
-        if count > warm:
-            check_fits(count - warm, self.pool.spare_cost() if self.use_spares else TASK_BYTES)
+        new = max(0, count - warm)  # a warm spare is a task process already: counted, and in memory
+        check_quota(new, new * TASK_BYTES)
+        if new:
+            check_fits(new, self.pool.spare_cost() if self.use_spares else TASK_BYTES)
 
     def processes_for(
         self, tasks: list[TaskName], hosts: list[str], say: Progress | None = None

@@ -11,7 +11,7 @@ from ..errors import BadArgument
 from ..network import ports
 from .base import TaskHandle
 from .channel import TaskProcess
-from .process import PACKAGE_PARENT, TASK_ENV, PopenLauncher
+from .process import TASK_ENV, PopenLauncher, pythonpath_with_package
 
 #: tasks a process holds with ``processes="auto"``
 AUTO_TASKS_PER_PROCESS = 16
@@ -123,8 +123,7 @@ class LocalLauncher(PopenLauncher):
             from ..network import bindguard
 
             changes.update(bindguard.bind_guard(self.host, base_env=env).env)
-        path = env.get("PYTHONPATH", "")
-        changes["PYTHONPATH"] = PACKAGE_PARENT + (os.pathsep + path if path else "")
+        changes["PYTHONPATH"] = pythonpath_with_package(env.get("PYTHONPATH"))
         # the task dies with this process even while it cannot read its channel (SIGSTOP)
         changes["TFMAGIC_PDEATHSIG"] = "1"
         changes["TFMAGIC_OWNER_PID"] = str(os.getpid())

@@ -24,15 +24,29 @@ from ..network import clientserver
 from .base import Launcher, TaskHandle
 from .channel import TaskProcess
 
-__all__ = ["PACKAGE_PARENT", "TASK_ENV", "PopenLauncher", "kill_tree", "read_tail", "spawn"]
+__all__ = [
+    "PACKAGE_PARENT",
+    "TASK_ENV",
+    "PopenLauncher",
+    "kill_tree",
+    "pythonpath_with_package",
+    "read_tail",
+    "spawn",
+]
 
 #: The directory holding the ``tfmagic`` package: put on a task's PYTHONPATH, so a
 #: checkout that is not installed runs the same code in its tasks.
 PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 
+
 #: Environment every task process gets.  GRPC_FAIL_FAST=use_caller lets a
 #: caller (ClusterCoordinator) decide to retry on another worker instead of
 #: hanging on a dead one; TF_CONFIG from the owner would mislead the task.
+def pythonpath_with_package(current: str | None) -> str:
+    """``PYTHONPATH`` with :data:`PACKAGE_PARENT` first: a child finds this tfmagic, installed or not."""
+    return PACKAGE_PARENT + (os.pathsep + current if current else "")
+
+
 TASK_ENV: dict[str, str | None] = {
     "GRPC_FAIL_FAST": "use_caller",
     "PYTHONUNBUFFERED": "1",

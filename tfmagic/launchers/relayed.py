@@ -16,6 +16,7 @@ import itertools
 import socket
 from typing import IO, TYPE_CHECKING, Any, cast
 
+from ..errors import ClusterStartError
 from ..procs import owner
 from ..protocol import Op
 from .base import Launcher
@@ -151,6 +152,19 @@ class RelayedLauncher(Launcher):
         )
         proc.destination = slot.address
         return proc
+
+    def _restarted(self, batch: Batch, host: str | None, what_to_do: str) -> TaskProcess:
+        """The task of a restart's one-task ``batch``, which must be where the old one was
+        (``host``: the rest of the cluster knows it by that address); else the job is cancelled and
+        the error says where it went, then ``what_to_do``."""
+        slot = batch.slots[0]
+        if host and host != self.name and slot.address and slot.address != host:
+            self.jobs.abandon(batch, self.cancel)
+            raise ClusterStartError(
+                f"{self.name.capitalize()} placed the restarted task on {slot.address}, not on {host} where "
+                f"the rest of the cluster expects it{what_to_do}"
+            )
+        return self._process(slot)
 
     def kill(self, proc: TaskProcess) -> None:
         """Ask the task to end at once (it kills its own group), then end its connection."""

@@ -44,7 +44,7 @@ from typing import Any
 from ..errors import BadArgument, ClusterStartError
 from ..logs import read_tail
 from .channel import TaskProcess
-from .process import PACKAGE_PARENT
+from .process import PACKAGE_PARENT, pythonpath_with_package
 from .relayed import RelayedLauncher
 from .spark.jobs import Batch, Jobs
 from .spark.relay import Relay
@@ -92,7 +92,8 @@ def _run(args: list[str], timeout: float = 30.0) -> subprocess.CompletedProcess:
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
-def _first_line(text: str) -> str:
+def _error_line(text: str) -> str:
+    """The line of a Slurm command's error output that says why (its last), without the prefix."""
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
     line = lines[-1] if lines else "no reason given"
     return line.removeprefix("sbatch: error: ").removeprefix("squeue: error: ")
@@ -128,7 +129,7 @@ def partitions() -> list[str]:
     """The partitions Slurm has (``sinfo``); the default one is marked with ``*`` by sinfo, not here."""
     done = _run([slurm_command("sinfo"), "-h", "-o", "%P"])
     if done.returncode != 0:
-        raise ClusterStartError(f"Slurm did not answer (sinfo: {_first_line(done.stderr)}); is slurmctld up?")
+        raise ClusterStartError(f"Slurm did not answer (sinfo: {_error_line(done.stderr)}); is slurmctld up?")
     return [p.strip().rstrip("*") for p in done.stdout.split() if p.strip()]
 
 
@@ -286,7 +287,7 @@ class SlurmLauncher(RelayedLauncher):
         if done.returncode != 0:
             with self.jobs.lock:
                 self.jobs.batches.pop(batch.id, None)
-            raise ClusterStartError(f"Slurm refused the job: {_first_line(done.stderr)} (sbatch {script})")
+            raise ClusterStartError(f"Slurm refused the job: {_error_line(done.stderr)} (sbatch {script})")
         batch.job_id = done.stdout.strip().split(";")[0]
         self._keep(batch.job_id)
         for slot in batch.slots:
@@ -301,10 +302,7 @@ class SlurmLauncher(RelayedLauncher):
         """Tell the keeper (started on the first job) to cancel ``job_id`` if this process ends."""
         with self.jobs.lock:
             if self._keeper is None or self._keeper.poll() is not None:
-                env = dict(os.environ)
-                env["PYTHONPATH"] = PACKAGE_PARENT + (
-                    os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
-                )
+                env = {**os.environ, "PYTHONPATH": pythonpath_with_package(os.environ.get("PYTHONPATH"))}
                 self._keeper = subprocess.Popen(
                     [sys.executable, "-m", "tfmagic.launchers.slurm_task", "--keeper"],
                     stdin=subprocess.PIPE,
@@ -331,10 +329,7 @@ class SlurmLauncher(RelayedLauncher):
                 found = ("UNKNOWN", "Slurm did not answer")
             if found is None or found[0].split()[0] in ENDED:
                 batch.state = found[0] if found else batch.state or "ENDED"
-                batch.finished.set()
-                with self.jobs.lock:
-                    if all(s.done.is_set() or s.control is None for s in batch.slots):
-                        self.jobs.batches.pop(batch.id, None)
+                self.jobs.ended(batch)
                 return
             state, reason = found
             reason = "" if reason in ("None", "(null)") else reason
@@ -441,14 +436,9 @@ class SlurmLauncher(RelayedLauncher):
     def spawn(self, log_path: str, host: str | None = None) -> TaskProcess:
         """One task again (a restart): a job of one task, which must land where the old one was."""
         (batch,) = self._start([log_path])
-        slot = batch.slots[0]
-        if host and host != "slurm" and slot.address and slot.address != host:
-            self.jobs.abandon(batch, self.cancel)
-            raise ClusterStartError(
-                f"Slurm placed the restarted task on {slot.address}, not on {host} where the rest of the "
-                "cluster expects it; stop the cluster and start it again (or pin nodes with sbatch=['-w', ...])"
-            )
-        return self._process(slot)
+        return self._restarted(
+            batch, host, "; stop the cluster and start it again (or pin nodes with sbatch=['-w', ...])"
+        )
 
     def cancel(self, batch: Batch) -> None:
         """``scancel`` the batch's job (its relays, and so its tasks, end)."""
@@ -485,11 +475,6 @@ class SlurmLauncher(RelayedLauncher):
 
             self._client_address = f"{self.host}:{client.client_port()}"
         return self._client_address
-
-    def job_of(self, proc: Any) -> str | None:
-        """The Slurm job id a task runs in (``None`` for a task this launcher does not hold)."""
-        slot = self.jobs.get(getattr(proc, "pid", None))
-        return slot.batch.job_id if slot is not None else None
 
     def ended_by(self, proc: Any) -> str:
         batch = self._batch_of.get(getattr(proc, "pid", None))

@@ -436,8 +436,8 @@ def _row(kind: str, src: str | None, dst: str, model: LinkModel, to_task: int, f
 def _env() -> dict[str, str]:
     import os
 
-    from ..launchers.process import PACKAGE_PARENT
+    from ..launchers.process import pythonpath_with_package
 
     env = dict(os.environ)
-    env["PYTHONPATH"] = PACKAGE_PARENT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONPATH"] = pythonpath_with_package(env.get("PYTHONPATH"))
     return env

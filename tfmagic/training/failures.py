@@ -322,11 +322,11 @@ class FailurePolicy:
         )
 
     def ps_lost(self, task: TaskName) -> TrainingError:
-        ckpt = self.run.checkpoints.last()
-        at = f"step {self.run.checkpoints.last_step}" if ckpt else "no checkpoint yet"
         outside = self.ended_outside([task])
         if outside is not None:
             return outside
+        ckpt = self.run.checkpoints.last()
+        at = f"step {self.run.checkpoints.last_step}" if ckpt else "no checkpoint yet"
         return TrainingError(
             f"{task} was lost at step {self.run.step_now()}: the variables on it are gone. "
             f"Restart it (cluster.restart('{task}') or %tf_cluster restart {task}) and call resume() "

@@ -135,13 +135,17 @@ class Jobs:
             except BaseException as exc:  # noqa: BLE001 - reported by whoever waits on the batch
                 batch.error = exc
             finally:
-                batch.finished.set()
-                with self.lock:
-                    if all(s.done.is_set() or s.control is None for s in batch.slots):
-                        self.batches.pop(batch.id, None)
+                self.ended(batch)
 
         batch.thread = threading.Thread(target=run, name=f"tfmagic-spark-job-{batch.id}", daemon=True)
         batch.thread.start()
+
+    def ended(self, batch: Batch) -> None:
+        """``batch``'s job ended (the scheduler says so): dropped once none of its tasks runs."""
+        batch.finished.set()
+        with self.lock:
+            if all(s.done.is_set() or s.control is None for s in batch.slots):
+                self.batches.pop(batch.id, None)
 
     def wait_started(
         self, batch: Batch, timeout: float, relay_address: str, ui_url: str | None

@@ -205,15 +205,11 @@ class SparkLauncher(RelayedLauncher):
         told to start the whole cluster again.
         """
         batch = self._start([log_path], barrier=False)
-        slot = batch.slots[0]
-        if host and host != "spark" and slot.address and slot.address != host:
-            self.jobs.abandon(batch, self.cancel)
-            raise ClusterStartError(
-                f"Spark placed the restarted task on {slot.address}, not on {host} where the rest of the "
-                "cluster expects it (a Spark task cannot be pinned to a host from Python); "
-                "stop the cluster and start it again"
-            )
-        return self._process(slot)
+        return self._restarted(
+            batch,
+            host,
+            " (a Spark task cannot be pinned to a host from Python); stop the cluster and start it again",
+        )
 
     def cancel(self, batch: Batch) -> None:
         """Cancel ``batch``'s Spark job group (Spark kills its relays)."""
