@@ -14,6 +14,7 @@ import os
 import secrets
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -114,3 +115,59 @@ class JupyterServer:
         self._log.close()
         if check:
             assert_gone(set(task_processes()) - self.before, timeout=gone_s)
+
+
+class Kernel:
+    """The notebook's kernel, started by the server (as a notebook page does), driven by jupyter_client.
+
+    ``server`` is anything with ``api(method, path, body)`` (the server's REST API) and ``runtime``
+    (its runtime directory, where the kernel's connection file is written): a :class:`JupyterServer`,
+    or a hub's single-user server (tests/hubhost.py)."""
+
+    def __init__(self, server, notebook: str = "class.ipynb") -> None:
+        from jupyter_client import BlockingKernelClient
+
+        self.server = server
+        session = server.api(
+            "POST", "api/sessions", {"path": notebook, "type": "notebook", "kernel": {"name": "python3"}}
+        )
+        self.session_id, self.id = session["id"], session["kernel"]["id"]
+        connection = server.runtime / f"kernel-{self.id}.json"
+        poll_for(connection.exists, 30, what="the kernel's connection file")
+        self.client = BlockingKernelClient(connection_file=str(connection))
+        self.client.load_connection_file()
+        self.client.start_channels(hb=False)  # a heartbeat that has not beaten yet reads as a dead kernel
+        self.client.wait_for_ready(60)
+        self.pid = self.run("import os; print(os.getpid())").strip().splitlines()[-1]
+
+    def run(self, code: str, timeout: float = 180) -> str:
+        """Run a cell; returns what it printed and displayed (text, and HTML after a marker)."""
+        return self.wait(self.client.execute(code), timeout, code)
+
+    def wait(self, msg_id: str, timeout: float = 180, code: str = "") -> str:
+        """What the cell ``msg_id`` (from ``client.execute``) printed, once it has finished."""
+        out, error = [], None
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = self.client.get_iopub_msg(timeout=max(1, deadline - time.monotonic()))
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                out.append(content["text"])
+            elif kind in ("execute_result", "display_data", "update_display_data"):
+                data = content["data"]
+                out.append(data.get("text/plain", ""))
+                if "text/html" in data:
+                    out.append("\nHTML:" + data["text/html"])
+            elif kind == "error":
+                error = "\n".join(content["traceback"])
+            elif kind == "status" and content["execution_state"] == "idle":
+                break
+        if error:
+            raise AssertionError(f"the cell failed:\n{code}\n{error}")
+        return "".join(out)
+
+    def close(self) -> None:
+        self.client.stop_channels()
+        self.server.api("DELETE", f"api/sessions/{self.session_id}")  # ends the kernel

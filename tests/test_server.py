@@ -28,7 +28,7 @@ import psutil
 import pytest
 
 from .conftest import assert_gone, poll_for
-from .jupyterutil import JupyterServer
+from .jupyterutil import JupyterServer, Kernel
 
 pytestmark = [pytest.mark.server, pytest.mark.kernel, pytest.mark.cluster]
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,55 +100,6 @@ def server(tmp_path_factory):
     finally:
         srv.stop()
         assert not list(srv.runtime.glob("tfmagic-pages-*")), "the server left its pages directory behind"
-
-
-class Kernel:
-    """The notebook's kernel, started by the server (as a notebook page does), driven by jupyter_client."""
-
-    def __init__(self, server: JupyterServer) -> None:
-        from jupyter_client import BlockingKernelClient
-
-        self.server = server
-        session = server.api(
-            "POST", "api/sessions", {"path": "class.ipynb", "type": "notebook", "kernel": {"name": "python3"}}
-        )
-        self.session_id, self.id = session["id"], session["kernel"]["id"]
-        connection = server.runtime / f"kernel-{self.id}.json"
-        poll_for(connection.exists, 30, what="the kernel's connection file")
-        self.client = BlockingKernelClient(connection_file=str(connection))
-        self.client.load_connection_file()
-        self.client.start_channels(hb=False)  # a heartbeat that has not beaten yet reads as a dead kernel
-        self.client.wait_for_ready(60)
-        self.pid = self.run("import os; print(os.getpid())").strip().splitlines()[-1]
-
-    def run(self, code: str, timeout: float = 180) -> str:
-        """Run a cell; returns what it printed and displayed (text, and HTML after a marker)."""
-        msg_id = self.client.execute(code)
-        out, error = [], None
-        deadline = time.monotonic() + timeout
-        while True:
-            msg = self.client.get_iopub_msg(timeout=max(1, deadline - time.monotonic()))
-            if msg["parent_header"].get("msg_id") != msg_id:
-                continue
-            kind, content = msg["msg_type"], msg["content"]
-            if kind == "stream":
-                out.append(content["text"])
-            elif kind in ("execute_result", "display_data", "update_display_data"):
-                data = content["data"]
-                out.append(data.get("text/plain", ""))
-                if "text/html" in data:
-                    out.append("\nHTML:" + data["text/html"])
-            elif kind == "error":
-                error = "\n".join(content["traceback"])
-            elif kind == "status" and content["execution_state"] == "idle":
-                break
-        if error:
-            raise AssertionError(f"the cell failed:\n{code}\n{error}")
-        return "".join(out)
-
-    def close(self) -> None:
-        self.client.stop_channels()
-        self.server.api("DELETE", f"api/sessions/{self.session_id}")  # ends the kernel
 
 
 @pytest.fixture(scope="module")

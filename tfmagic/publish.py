@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import sys
@@ -58,6 +59,11 @@ WATCH_FRESH = 3.0
 RECORD_EVERY = 2.0
 #: the file the list page touches
 LIST_WATCH = "list.watching"
+
+#: the folder (in the publish directory) of the experiments' results, for a class's table
+RESULTS = "experiments"
+#: how many results a kernel's server keeps (the newest)
+KEEP_RESULTS = 20
 
 _ID = re.compile(r"^[A-Za-z0-9_.-]{1,80}$")
 
@@ -177,18 +183,31 @@ class _Published:
             tasks.append({"task": str(task), "alive": alive, "pid": proc.task_pid, "rss": rss})
         run = self._latest_run(cluster)
         run_text = ""
+        progress: dict = {}
         if run is not None:
             history = getattr(run, "history", None)
             if history is not None:
                 run_text = f"{history.run}: {history.steps} updates" + (", done" if history.done else "")
-        return rec | {
-            "cluster": cluster.name,
-            "shape": cluster.describe(),
-            "state": "running" if cluster.running else "stopped",
-            "memory": memory or None,
-            "tasks": tasks,
-            "run": run_text,
-        }
+                curve = history.loss_curve()
+                progress = {
+                    "run_mode": history.mode,
+                    "run_steps": history.steps,
+                    "run_done": history.done,
+                    "run_rate": round(history.updates_per_s(), 2),
+                    "run_loss": _plain(curve[-1][2]) if curve else None,
+                }
+        return (
+            rec
+            | {
+                "cluster": cluster.name,
+                "shape": cluster.describe(),
+                "state": "running" if cluster.running else "stopped",
+                "memory": memory or None,
+                "tasks": tasks,
+                "run": run_text,
+            }
+            | progress
+        )
 
     def write_record(self) -> dict:
         rec = self.record()
@@ -338,4 +357,61 @@ def announce(cluster) -> bool:
         return True
     except Exception:  # publishing is a courtesy to the pages, never a reason to fail (logged)
         log.warning("could not publish cluster %s for the Jupyter pages", cluster.name, exc_info=True)
+        return False
+
+
+def _plain(value):
+    """A measured figure as JSON holds it (numpy numbers become floats; anything else its text)."""
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        return value
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    return number if math.isfinite(number) else None  # JSON has no NaN: a page's parser refuses it
+
+
+def publish_result(result) -> bool:
+    """Publish an experiment's result for the server's pages (a class's table); returns whether.
+
+    Written to ``<dir>/experiments/`` as the records are (new file, renamed into place); the
+    newest :data:`KEEP_RESULTS` stay.  Never raises: a table that cannot be fed must not fail
+    the experiment that was run.
+    """
+    root = directory() if os.environ.get(ENV_DIR) else None
+    if root is None:
+        return False
+    try:
+        folder = root / RESULTS
+        folder.mkdir(mode=0o700, exist_ok=True)
+        if not trusted_dir(folder):
+            return False
+        record = {
+            "experiment": result.name,
+            "seed": result.seed,
+            "holds": bool(result.holds),
+            "why": result.why,
+            "seconds": round(float(result.seconds), 1),
+            "measured": {str(k): _plain(v) for k, v in result.measured.items()},
+            "checks": [
+                {
+                    "label": c.label,
+                    "value": _plain(c.value),
+                    "bound": _plain(c.bound),
+                    "op": c.op,
+                    "passed": bool(c.passed),
+                    "meaning": c.meaning,
+                }
+                for c in result.checks
+            ],
+            "finished_at": time.time(),
+            "kernel_pid": os.getpid(),
+            "notebook": os.environ.get("JPY_SESSION_NAME", ""),
+        }
+        write_atomic(folder / f"{time.time_ns()}-{os.getpid()}.json", json.dumps(record).encode())
+        for old in sorted(folder.glob("*.json"))[:-KEEP_RESULTS]:
+            old.unlink(missing_ok=True)
+        return True
+    except Exception:  # publishing is a courtesy to the pages, never a reason to fail (logged)
+        log.warning("could not publish the result of %s for the Jupyter pages", result.name, exc_info=True)
         return False

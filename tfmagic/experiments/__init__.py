@@ -41,6 +41,7 @@ import importlib
 from collections.abc import Callable
 
 from ..errors import TfmagicError
+from ..publish import publish_result
 from .base import MEMORY_LIMIT, TIME_LIMIT, Check, Claim, Finding, Lab, Result, conclude
 
 __all__ = [
@@ -113,4 +114,6 @@ def run(
         raise TfmagicError(
             f"memory_limit must be bytes > 0 and at most {MEMORY_LIMIT:.0f}, not {memory_limit!r}"
         )
-    return conclude(name, module.CLAIM, seed, module.measure, progress, int(memory_limit))
+    result = conclude(name, module.CLAIM, seed, module.measure, progress, int(memory_limit))
+    publish_result(result)  # for the server's pages: a class's table on a hub (nothing elsewhere)
+    return result

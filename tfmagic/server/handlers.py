@@ -24,26 +24,9 @@ from tornado import web
 
 from ..publish import ENV_DIR, valid_id
 from ..units import human_bytes
+from ..webpage import dashboard_page, page
 from . import records
-
-#: how often a dashboard page asks for a new frame (the kernel draws at most 4 a second)
-POLL_MS = 200
-
-_STYLE = """
-body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
-table { border-collapse: collapse; } th, td { text-align: left; padding: 2px 10px; }
-tr:nth-child(even) { background: #f4f4f4; } .muted { color: #777; }
-img.tfmagic-frame { width: 100%; max-width: 1100px; }
-"""
-
-
-def _page(title: str, body: str, script: str = "") -> str:
-    return (
-        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-        f"<style>{_STYLE}</style></head><body>{body}"
-        + (f"<script>{script}</script>" if script else "")
-        + "</body></html>"
-    )
+from .frames import serve_frame
 
 
 class _Handler(JupyterHandler):
@@ -92,7 +75,7 @@ class _Handler(JupyterHandler):
             )
         self.set_status(404)
         self.finish(
-            _page(
+            page(
                 "tfmagic: no such cluster",
                 f"<h2>No live cluster here</h2><p id='tfmagic-404'>{words}</p>"
                 f"<p><a href='{html.escape(listing, quote=True)}'>All clusters of this server</a></p>{last}",
@@ -122,7 +105,7 @@ class ListPage(_Handler):
             " if (r.ok) { document.querySelector('#tfmagic-clusters tbody').innerHTML ="
             " (await r.json()).rows; } }, 2000);"
         )
-        self.finish(_page("tfmagic clusters", body, script))
+        self.finish(page("tfmagic clusters", body, script))
 
 
 def _rows(handler: _Handler, recs: list[dict]) -> str:
@@ -173,66 +156,21 @@ class ClusterPage(_Handler):
             self.not_found(rid)
             return
         await self.refresh_notebooks()
-        title = f"{record.get('cluster')} ({record.get('shape')})"
-        body = (
-            f"<h2>{html.escape(title)} <span class='muted'>{html.escape(self.notebook_of(record))}</span></h2>"
-            "<div id='tfmagic-header' class='tfmagic-header'>waiting for the kernel's first frame...</div>"
-            "<img id='tfmagic-frame' class='tfmagic-frame' alt='the dashboard' data-frame='0'>"
-            "<div id='tfmagic-table'></div><p id='tfmagic-state' class='muted'></p>"
-            f"<p><a href='{html.escape(url_path_join(self.base_url, 'tfmagic/'), quote=True)}'>all clusters</a></p>"
+        self.finish(
+            dashboard_page(
+                f"{record.get('cluster')} ({record.get('shape')})",
+                self.notebook_of(record),
+                url_path_join(self.base_url, "tfmagic/"),
+                "all clusters",
+            )
         )
-        script = f"""
-const img = document.getElementById('tfmagic-frame');
-let shown = 0, busy = false;
-async function poll() {{
-  if (busy) return;
-  busy = true;
-  try {{
-    const r = await fetch('frame.json', {{cache: 'no-store'}});
-    if (r.status === 404) {{
-      document.getElementById('tfmagic-state').textContent = (await r.json()).message;
-      return;
-    }}
-    const f = await r.json();
-    if (f.frame && f.frame !== shown) {{
-      shown = f.frame;
-      img.src = 'frame.png?n=' + f.frame;
-      img.dataset.frame = String(f.frame);
-      document.getElementById('tfmagic-header').innerHTML = f.header_html;
-      document.getElementById('tfmagic-table').innerHTML = f.table_html;
-      document.getElementById('tfmagic-state').textContent =
-        'frame ' + f.frame + ', drawn ' + new Date(f.time * 1000).toLocaleTimeString() + (f.state === 'running' ? '' : ' (cluster ' + f.state + ')');
-    }}
-  }} catch (e) {{
-    document.getElementById('tfmagic-state').textContent = 'the server does not answer: ' + e;
-  }} finally {{ busy = false; }}
-}}
-poll();
-setInterval(poll, {POLL_MS});
-"""
-        self.finish(_page(f"tfmagic: {title}", body, script))
 
 
 class FrameAPI(_Handler, APIHandler):
     @web.authenticated
     @authorized
     async def get(self, rid: str, kind: str) -> None:
-        record = records.read(self.root, rid) if valid_id(rid) else None
-        if record is None:
-            raise web.HTTPError(404, f"no cluster {rid} on this server")
-        info, png = records.frame(self.root, rid)
-        self.set_header("Cache-Control", "no-store")
-        if kind == "png":
-            if png is None:
-                raise web.HTTPError(
-                    404, "no frame yet: the kernel draws one within a second of a page opening"
-                )
-            self.finish(png, set_content_type="image/png")
-            return
-        out = dict(info or {"frame": 0})
-        if record.get("state") != "running":
-            out["state"] = f"stopped ({record.get('why', '')})"
-        self.finish(json.dumps(out))
+        serve_frame(self, self.root, rid, kind)
 
 
 def setup(serverapp) -> None:
@@ -263,6 +201,7 @@ def setup(serverapp) -> None:
             (url_path_join(base, f"tfmagic/cluster/{rid}/?"), ClusterPage),
         ],
     )
+    _class_api(serverapp, web_app, base)
     atexit.register(shutil.rmtree, root, True)
     serverapp.log.info(
         "tfmagic: clusters of this server's kernels at %s (published in %s)",
@@ -270,6 +209,22 @@ def setup(serverapp) -> None:
         root,
     )
     serverapp.web_app.settings["tfmagic_started"] = time.time()
+
+
+def _class_api(serverapp, web_app, base: str) -> None:
+    """On a JupyterHub: the read-only class API a teacher's tfmagic service asks (by scope)."""
+    from . import classapi
+
+    gate = classapi.Gate.from_env()
+    if gate is None:
+        return  # not started by a hub: no teacher to serve
+    web_app.settings["tfmagic_gate"] = gate
+    web_app.add_handlers(".*$", classapi.handlers(base, url_path_join))
+    if not os.environ.get(classapi.ENV_SERVICE):
+        serverapp.log.info(
+            "tfmagic: this hub runs no tfmagic service (tfmagic.hub.configure in jupyterhub_config.py), "
+            "so no teacher's class page reads this server; its own pages work as before"
+        )
 
 
 def teardown(serverapp) -> None:

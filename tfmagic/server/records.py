@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from ..network.bindguard import trusted_dir
-from ..publish import LIST_WATCH, process_start, valid_id
+from ..publish import LIST_WATCH, RESULTS, process_start, valid_id
 
 PREFIX = "tfmagic-pages-"
 OWNER = ".server"
@@ -148,3 +148,18 @@ def frame(root: Path, rid: str) -> tuple[dict | None, bytes | None]:
     except OSError:
         png = None
     return info, png
+
+
+def results(root: Path) -> list[dict]:
+    """The experiments' results the kernels published, newest first (files that do not parse are skipped)."""
+    out = []
+    for path in sorted((root / RESULTS).glob("*.json"), reverse=True):
+        if path.name.startswith(".") or path.is_symlink():
+            continue
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and isinstance(record.get("experiment"), str):
+            out.append(record)
+    return out

@@ -1,0 +1,209 @@
+"""A real JupyterHub for the tests: on loopback, private to the run, with its proxy and services.
+
+``jupyterhub`` (PyPI) with ``configurable-http-proxy`` (npm; ``.ci/run`` installs both), the dummy
+authenticator (one password for everyone, fit for tests) and single-user servers spawned as local
+processes (``SimpleLocalProcessSpawner``: one Unix user, a home of their own each, and JupyterHub's
+own identity for each: the scopes, the tokens and the hub's checks are the real ones).  Groups and
+the tfmagic service come from the config text the test gives (``tfmagic.hub.configure``).  A test
+admin service holds a token to start servers and make tokens; nothing a student or teacher does
+goes through it.
+
+Stopping ends the hub (which stops the servers it spawned and its proxy), then checks that nothing
+it started lives: the servers, their kernels, their task processes, the proxy and the services.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import textwrap
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import psutil
+
+from tfmagic.network.ports import free_port
+
+from .conftest import assert_gone, poll_for, task_processes
+
+PROXY = shutil.which("configurable-http-proxy")
+
+
+def available() -> str | None:
+    """Why a hub cannot run here, or None."""
+    try:
+        import jupyterhub  # noqa: F401
+    except ImportError:
+        return "jupyterhub is not installed (pip install -e '.[test]')"
+    if PROXY is None:
+        return "configurable-http-proxy is not installed (.ci/run: npm install -g configurable-http-proxy)"
+    return None
+
+
+class Hub:
+    """A JupyterHub on 127.0.0.1; ``config`` is Python appended to its jupyterhub_config.py (``c`` in scope)."""
+
+    def __init__(
+        self, tmp: Path, config: str, env: dict[str, str] | None = None, ready_s: float = 120
+    ) -> None:
+        self.tmp = tmp
+        self.port, self.hub_port, self.proxy_api = free_port(), free_port(), free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.admin_token = secrets.token_hex(16)
+        self.homes = tmp / "home"
+        self.homes.mkdir(exist_ok=True)
+        keep = {"TFMAGIC_SPARES": "0", **(env or {})}
+        installed = (
+            Path(sysconfig.get_path("data")) / "etc" / "jupyter" / "jupyter_server_config.d" / "tfmagic.json"
+        )
+        if not installed.exists():
+            # an editable install (pip install -e) installs no data files: the same file from the
+            # repository, through the same config mechanism (as tests/test_server.py does)
+            keep["JUPYTER_CONFIG_PATH"] = str(Path(__file__).resolve().parents[1] / "jupyter-config")
+        cfg = tmp / "jupyterhub_config.py"
+        cfg.write_text(
+            textwrap.dedent(
+                f"""\
+                import sys
+                c = get_config()  # noqa
+                c.JupyterHub.bind_url = {self.url!r}
+                c.JupyterHub.hub_bind_url = "http://127.0.0.1:{self.hub_port}"
+                c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{self.proxy_api}"
+                c.ConfigurableHTTPProxy.command = [{PROXY!r}]
+                c.ConfigurableHTTPProxy.pid_file = {str(tmp / "proxy.pid")!r}
+                c.JupyterHub.pid_file = {str(tmp / "hub.pid")!r}
+                c.JupyterHub.db_url = "sqlite:///{tmp / "hub.sqlite"}"
+                c.JupyterHub.cookie_secret_file = {str(tmp / "cookie_secret")!r}
+                c.JupyterHub.authenticator_class = "dummy"
+                c.DummyAuthenticator.password = "class-password"
+                c.Authenticator.allow_all = True
+                c.JupyterHub.spawner_class = "simple"
+                c.SimpleLocalProcessSpawner.home_dir_template = {str(self.homes / "{username}")!r}
+                c.Spawner.cmd = [sys.executable, "-m", "jupyterhub.singleuser"]
+                c.Spawner.args = {["--allow-root"] if os.geteuid() == 0 else []!r}
+                c.Spawner.http_timeout = 120
+                c.Spawner.start_timeout = 180
+                c.Spawner.environment = {keep!r}
+                c.Spawner.environment["JUPYTER_RUNTIME_DIR"] = lambda spawner: {str(self.homes)!r} + "/" + spawner.user.name + "/runtime"
+                c.JupyterHub.services = [{{"name": "test-admin", "api_token": {self.admin_token!r}}}]
+                c.JupyterHub.load_roles = [{{
+                    "name": "test-admin", "services": ["test-admin"],
+                    "scopes": ["admin:users", "admin:servers", "access:servers", "tokens", "admin:groups"],
+                }}]
+                """
+            )
+            + textwrap.dedent(config)
+        )
+        self.log_path = tmp / "hub.log"
+        self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
+        environment = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "jupyterhub", "-f", str(cfg)],
+            cwd=tmp,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=environment,
+            start_new_session=True,
+        )
+        self.before = set(task_processes())
+        try:
+            poll_for(self._ready, ready_s, interval=0.3, what=lambda: "the hub: " + self.log_tail())
+        except BaseException:
+            self.stop(check=False)
+            raise
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+    def _ready(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError("the hub ended: " + self.log_tail())
+        try:
+            return self.call("GET", "hub/api/")[0] == 200
+        except OSError:
+            return False
+
+    def call(self, method: str, path: str, body=None, token: str | None = None) -> tuple[int, object]:
+        """One request through the hub's proxy with ``token`` (the admin's by default): (status, JSON or bytes)."""
+        request = urllib.request.Request(
+            self.url + path,
+            method=method,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={
+                "Authorization": f"token {token or self.admin_token}",
+                "Content-Type": "application/json",
+            },
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=60) as r:
+                status, raw = r.status, r.read()
+        except urllib.error.HTTPError as exc:
+            status, raw = exc.code, exc.read()
+        try:
+            return status, json.loads(raw) if raw else None
+        except ValueError:
+            return status, raw
+
+    def start_server(self, name: str, timeout: float = 180) -> UserServer:
+        """Spawn ``name``'s single-user server (as the hub's spawn button does) and wait until it is ready."""
+        status, body = self.call("POST", f"hub/api/users/{name}/server")
+        assert status in (201, 202, 400), (status, body)  # 400: already running
+
+        def ready():
+            model = self.call("GET", f"hub/api/users/{name}")[1]
+            server = (model.get("servers") or {}).get("")
+            return server if server and server.get("ready") else None
+
+        poll_for(ready, timeout, interval=0.5, what=lambda: f"{name}'s server: " + self.log_tail())
+        return UserServer(self, name)
+
+    def token(self, name: str) -> str:
+        """A new API token of ``name``'s, with all their permissions (as the hub's token page makes)."""
+        status, body = self.call("POST", f"hub/api/users/{name}/tokens", {"note": "tfmagic test"})
+        assert status == 201, (status, body)
+        return body["token"]
+
+    def stop(self, check: bool = True, gone_s: float = 60) -> None:
+        """SIGTERM the hub (it stops the servers it spawned, its proxy and its services), then check."""
+        spawned = (
+            [p.pid for p in psutil.Process(self.proc.pid).children(recursive=True)]
+            if self.proc.poll() is None
+            else []
+        )
+        proxy = None
+        try:
+            proxy = int((self.tmp / "proxy.pid").read_text())
+        except (OSError, ValueError):
+            pass
+        try:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(60)
+        except Exception:  # noqa: BLE001 - a hub that would not stop: by its pid
+            self.proc.kill()
+            self.proc.wait(10)
+        self._log.close()
+        if check:
+            assert_gone(
+                set(spawned) | ({proxy} if proxy else set()) | (set(task_processes()) - self.before), gone_s
+            )
+
+
+class UserServer:
+    """A user's single-user server as tests/jupyterutil.Kernel drives it (REST API with the admin's token)."""
+
+    def __init__(self, hub: Hub, name: str) -> None:
+        self.hub, self.name = hub, name
+        self.base = f"user/{name}/"
+        self.runtime = hub.homes / name / "runtime"
+
+    def api(self, method: str, path: str, body=None):
+        status, data = self.hub.call(method, self.base + path, body)
+        assert status < 400, (status, data)
+        return data
