@@ -123,6 +123,23 @@ def process_start(pid: int) -> str | None:
         return None
 
 
+def _hang(cluster) -> str:
+    """The hang doctor's line while something on ``cluster`` has waited over its threshold, else ''.
+
+    Free while nothing waits (one look at the wait registry), as the dashboard's banner is.
+    """
+    try:
+        from . import doctor
+        from .doctor import waits
+
+        if not cluster.running or not waits.current(doctor.THRESHOLD):
+            return ""
+        return doctor.why(cluster).banner
+    except Exception:  # a record without the line, never a failed record
+        log.debug("no hang line for %s", cluster.name, exc_info=True)
+        return ""
+
+
 def _kernel_id() -> str:
     """The Jupyter kernel id, read from the connection file on the kernel's command line."""
     for arg in sys.argv:
@@ -200,6 +217,7 @@ class _Published:
             rec
             | {
                 "cluster": cluster.name,
+                "hang": _hang(cluster),
                 "shape": cluster.describe(),
                 "state": "running" if cluster.running else "stopped",
                 "memory": memory or None,

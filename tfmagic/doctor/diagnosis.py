@@ -353,18 +353,20 @@ def why(cluster, stacks: bool = False, threshold: float = THRESHOLD) -> Diagnosi
                 f"{names} {'is' if len(on) == 1 else 'are'} running and answering: still working (a long step), "
                 "or waiting in turn for another task"
             )
+            step = "%tf_cluster why --stacks shows where they are"
             if w.detail.endswith("gradients so far"):
                 cause = f"it has {w.detail} and waits for {names}, which {'is' if len(on) == 1 else 'are'} still computing"
-            diag.rows.append(
-                Finding(
-                    w.waiter,
-                    names,
-                    w.seconds,
-                    cause,
-                    "%tf_cluster why --stacks shows where they are",
-                    w.detail,
+            # a worker's step reads and writes the variables on every ps: one that cannot answer
+            # holds the step, though the worker itself answers
+            stuck_ps = [t for t in tasks if t.job == "ps" and t not in on and causes[t][0] != "running"]
+            if stuck_ps and any(t.job == "worker" for t in on):
+                ps = stuck_ps[0]
+                cause = (
+                    f"{names} {'is' if len(on) == 1 else 'are'} running, but its step needs the variables on "
+                    f"{ps}: {causes[ps][0]}"
                 )
-            )
+                step = causes[ps][1] or step
+            diag.rows.append(Finding(w.waiter, names, w.seconds, cause, step, w.detail))
     for t in tasks:  # TF1 sessions in tasks say in their logs what they wait for
         proc = cluster.procs[t]
         if not proc.alive or not hasattr(proc, "log_tail"):

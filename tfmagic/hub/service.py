@@ -274,11 +274,12 @@ function usage(u) {
   return esc(t + ', ' + m);
 }
 function training(c) {
-  if (!c.run) return '-';
+  const hang = c.hang ? '<div class="tfmagic-bad tfmagic-hang">&#9888; ' + esc(c.hang) + '</div>' : '';
+  if (!c.run) return hang || '-';
   let s = esc(c.run);
   if (c.run_rate) s += ', ' + c.run_rate.toFixed(1) + ' updates/s';
   if (c.run_loss != null) s += ', loss ' + Number(c.run_loss).toPrecision(3);
-  return s;
+  return s + hang;
 }
 function latest(s) {
   const e = (s.experiments || [])[0];
@@ -305,7 +306,7 @@ function rows(students) {
 }
 function plot(t) {
   // one strip per check: every student's measured value as a dot, the claim's bound as a line
-  const W = 640, H = 60, pad = 20;
+  const W = 640, H = 66, pad = 20;
   let svg = '';
   t.labels.forEach((label, i) => {
     const pts = t.rows.map((r) => [(r.checks || []).find((c) => c.key === label), r.name]).filter((p) => p[0] && p[0].value != null);
@@ -317,6 +318,9 @@ function plot(t) {
     const y = i * H + 38;
     svg += `<text x="${pad}" y="${y - 18}" font-size="12">${esc(label)}</text>`;
     svg += `<line x1="${pad}" x2="${W - 20}" y1="${y}" y2="${y}" stroke="#ccc"/>`;
+    // the strip's scale: its two ends in numbers
+    svg += `<text x="${pad}" y="${y + 20}" font-size="10" fill="#777">${esc(lo.toPrecision(3))}</text>`;
+    svg += `<text x="${W - 20}" y="${y + 20}" font-size="10" fill="#777" text-anchor="end">${esc(hi.toPrecision(3))}</text>`;
     const b = x(pts[0][0].bound);
     svg += `<line class="tfmagic-bound" x1="${b}" x2="${b}" y1="${y - 14}" y2="${y + 14}" stroke="#555" stroke-dasharray="3,2"><title>the claim: ${esc(pts[0][0].op)} ${esc(pts[0][0].bound)}</title></line>`;
     for (const [c, name] of pts) {
@@ -332,7 +336,8 @@ function results(t) {
       const c = (r.checks || []).find((k) => k.key === l);
       return c ? `<td class="${c.passed ? 'tfmagic-good' : 'tfmagic-bad'}">${c.value == null ? '-' : esc(Number(c.value).toPrecision(3))}</td>` : '<td>-</td>';
     }).join('');
-    return `<tr data-student="${esc(r.name)}"><td>${esc(r.name)}</td><td>${esc(r.seed)}</td><td>${r.holds ? 'holds' : 'does not hold'}</td>${cells}</tr>`;
+    const verdict = r.holds ? 'holds' : 'does not hold' + (r.why ? ': ' + esc(r.why) : '');
+    return `<tr data-student="${esc(r.name)}"><td>${esc(r.name)}</td><td>${esc(r.seed)}</td><td>${verdict}</td>${cells}</tr>`;
   }).join('');
   return [head, body];
 }
