@@ -15,13 +15,16 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from tfmagic.errors import BadArgument
+from tfmagic.network.ports import free_port
 
-from .conftest import poll_for
+from .conftest import assert_gone, poll_for
 from .hubhost import Hub, available
 from .jupyterutil import Kernel
 
@@ -248,6 +251,40 @@ def test_the_class_experiment_becomes_one_table(hub, students, teacher_page):
         printed = k.run("print(r.verdict, r.seed)").split()
         row = next(r for r in table["rows"] if r["name"] == name)
         assert printed[-1] == str(row["seed"]) and (row["holds"] == (printed[0] == "holds")), (printed, row)
+
+
+@pytest.mark.cluster
+def test_the_service_ends_when_the_hub_that_started_it_is_killed(tmp_path):
+    """A hub killed with -9 stops no service: the class page's process sees its parent go and ends."""
+    pytest.importorskip("jupyterhub")
+    env = dict(
+        os.environ,
+        TFMAGIC_HUB_TEACHERS="teachers",
+        TFMAGIC_HUB_STUDENTS="class-2026",
+        TFMAGIC_HUB_PROXY="http://127.0.0.1:1",
+        JUPYTERHUB_SERVICE_URL=f"http://127.0.0.1:{free_port()}",
+        JUPYTERHUB_API_TOKEN="unused",
+        JUPYTERHUB_API_URL="http://127.0.0.1:1/hub/api",
+    )
+    log = tmp_path / "service.log"
+    # a stand-in hub: a shell whose child is the service, killed -9 as a crashed hub would be
+    hub = subprocess.Popen(
+        ["bash", "-c", f"{sys.executable} -m tfmagic.hub >{log} 2>&1 & echo $!; wait"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    service = int(hub.stdout.readline())
+    poll_for(
+        lambda: log.exists() and "the class page of class-2026" in log.read_text(),
+        60,
+        what="the service start",
+    )
+    hub.kill()
+    hub.wait(10)
+    assert_gone([service], timeout=15)
+    assert "the hub that started this service is gone" in log.read_text()
 
 
 # -- the hub's configuration: one line for what is wrong ---------------------------------------------

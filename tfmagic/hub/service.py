@@ -43,6 +43,8 @@ SCOPE = "custom:tfmagic:read"
 REFRESH_S = 2.0
 #: seconds a student's server may take to answer before the page says it does not
 ASK_TIMEOUT_S = 5.0
+#: seconds between looks at the parent: the service ends when the hub that started it is gone
+PARENT_CHECK_S = 1.0
 #: the environment the hub gives the service (set by tfmagic.hub.configure)
 ENV_TEACHERS = "TFMAGIC_HUB_TEACHERS"
 ENV_STUDENTS = "TFMAGIC_HUB_STUDENTS"
@@ -440,6 +442,16 @@ def main() -> None:
                 print(line, file=sys.stderr, flush=True)
 
         loop.add_callback(say)
+    parent = os.getppid()
+
+    def orphaned() -> None:  # the hub died without stopping its services (kill -9): end with it
+        if os.getppid() != parent:
+            print(
+                "tfmagic.hub: the hub that started this service is gone; ending", file=sys.stderr, flush=True
+            )
+            loop.stop()
+
+    ioloop.PeriodicCallback(orphaned, PARENT_CHECK_S * 1000).start()
     try:
         loop.start()
     except KeyboardInterrupt:  # the hub ends its services with SIGINT: a stop, not a failure
