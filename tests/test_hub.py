@@ -253,6 +253,24 @@ def test_the_class_experiment_becomes_one_table(hub, students, teacher_page):
         assert printed[-1] == str(row["seed"]) and (row["holds"] == (printed[0] == "holds")), (printed, row)
 
 
+@pytest.mark.server
+def test_a_missing_or_empty_group_is_one_line_in_the_hubs_log(hub):
+    import asyncio
+
+    from tfmagic.hub.service import check_groups
+
+    assert hub.call("POST", "hub/api/groups/nobody-yet")[0] == 201  # a group with no members
+    api = f"{hub.url}hub/api"
+    cfg = {"teachers": "no-such-group", "students": "nobody-yet"}
+    teachers, students = asyncio.run(check_groups(cfg, api, hub.admin_token))
+    assert "'no-such-group' does not exist on this hub" in teachers, teachers
+    assert "'nobody-yet' has no members" in students, students
+    ok = asyncio.run(check_groups({"teachers": "teachers", "students": "class-2026"}, api, hub.admin_token))
+    assert ok == []
+    # the service said nothing at its start: both of its groups have members
+    assert "tfmagic.hub: the" not in hub.log_path.read_text().replace("tfmagic.hub: the class page", "")
+
+
 @pytest.mark.cluster
 def test_the_service_ends_when_the_hub_that_started_it_is_killed(tmp_path):
     """A hub killed with -9 stops no service: the class page's process sees its parent go and ends."""

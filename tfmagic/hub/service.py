@@ -412,6 +412,15 @@ async def check_groups(cfg: dict, api_url: str, token: str) -> list[str]:
         )
         try:
             members = json.loads((await AsyncHTTPClient().fetch(request)).body).get("users") or []
+        except HTTPClientError as exc:
+            if exc.code == 404:
+                lines.append(
+                    f"tfmagic.hub: the {label}' group {group!r} does not exist on this hub: make it "
+                    "(c.JupyterHub.load_groups or the admin page) or name another in tfmagic.hub.configure"
+                )
+            else:
+                lines.append(f"tfmagic.hub: cannot read the {label}' group {group!r} ({exc})")
+            continue
         except Exception as exc:  # noqa: BLE001 - said, not fatal: the page says it again to whoever opens it
             lines.append(f"tfmagic.hub: cannot read the {label}' group {group!r} ({exc})")
             continue
