@@ -29,6 +29,7 @@ import json
 import os
 import re
 import sys
+from html.parser import HTMLParser
 from urllib.parse import quote
 
 from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated
@@ -258,10 +259,67 @@ class StudentFrame(_Teacher):
         response = await self.ask_student(server, f"cluster/{quote(rid, safe='')}/frame.{kind}", raw=True)
         self.set_status(response.code if response.code in (200, 403, 404) else 502)
         self.set_header("Cache-Control", "no-store")
-        self.set_header(
-            "Content-Type", "image/png" if kind == "png" and response.code == 200 else "application/json"
-        )
-        self.finish(response.body or b"{}")
+        self.set_header("X-Content-Type-Options", "nosniff")  # a picture is shown as one, whatever it holds
+        if kind == "png" and response.code == 200:
+            self.set_header("Content-Type", "image/png")
+            self.finish(response.body)
+            return
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(safe_frame(response.body)))
+
+
+#: the tags a student's dashboard text may keep on a teacher's page (no attributes at all)
+_KEPT_TAGS = {"table", "thead", "tbody", "tr", "th", "td", "div", "span", "b", "i", "br", "p", "code"}
+
+
+class _Cleaner(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.out: list[str] = []
+
+    def handle_starttag(self, tag, attrs) -> None:
+        if tag in _KEPT_TAGS:
+            self.out.append(f"<{tag}>")
+
+    def handle_endtag(self, tag) -> None:
+        if tag in _KEPT_TAGS and tag != "br":
+            self.out.append(f"</{tag}>")
+
+    def handle_data(self, data) -> None:
+        self.out.append(html.escape(data))
+
+
+def clean_html(fragment: str) -> str:
+    """A student's HTML fragment as a teacher's page may show it: a few layout tags, no attribute,
+    every text escaped.  The frame's header and table come from the student's server, which the
+    student controls; shown as they are, a script in them would act as the teacher on the hub.
+
+    >>> clean_html("<div style='x'>3 <b>ok</b></div><img src=x onerror=alert(1)><script>alert(2)</script>")
+    '<div>3 <b>ok</b></div>alert(2)'
+    """
+    cleaner = _Cleaner()
+    cleaner.feed(str(fragment or ""))
+    cleaner.close()
+    return "".join(cleaner.out)
+
+
+def safe_frame(body: bytes) -> dict:
+    """A student's frame.json with its HTML cleaned (:func:`clean_html`) and nothing but known fields."""
+    try:
+        frame = json.loads(body or b"{}")
+    except ValueError:
+        frame = {}
+    if not isinstance(frame, dict):
+        frame = {}
+    out = {"frame": frame.get("frame") if isinstance(frame.get("frame"), int) else 0}
+    if isinstance(frame.get("time"), (int, float)):
+        out["time"] = frame["time"]
+    for key in ("state", "message"):
+        if isinstance(frame.get(key), str):
+            out[key] = frame[key]
+    for key in ("header_html", "table_html"):
+        out[key] = clean_html(frame.get(key, ""))
+    return out
 
 
 _CLASS_SCRIPT = r"""
