@@ -11,6 +11,8 @@ privacy rules from outside.  Stopping the hub must end everything.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import json
 import os
 import shutil
@@ -253,19 +255,23 @@ def test_the_class_experiment_becomes_one_table(hub, students, teacher_page):
         assert printed[-1] == str(row["seed"]) and (row["holds"] == (printed[0] == "holds")), (printed, row)
 
 
+def _in_thread(coroutine):
+    """Run ``coroutine`` on an event loop of its own (Playwright's sync API holds this thread's)."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result(60)
+
+
 @pytest.mark.server
 def test_a_missing_or_empty_group_is_one_line_in_the_hubs_log(hub):
-    import asyncio
-
     from tfmagic.hub.service import check_groups
 
     assert hub.call("POST", "hub/api/groups/nobody-yet")[0] == 201  # a group with no members
     api = f"{hub.url}hub/api"
     cfg = {"teachers": "no-such-group", "students": "nobody-yet"}
-    teachers, students = asyncio.run(check_groups(cfg, api, hub.admin_token))
+    teachers, students = _in_thread(check_groups(cfg, api, hub.admin_token))
     assert "'no-such-group' does not exist on this hub" in teachers, teachers
     assert "'nobody-yet' has no members" in students, students
-    ok = asyncio.run(check_groups({"teachers": "teachers", "students": "class-2026"}, api, hub.admin_token))
+    ok = _in_thread(check_groups({"teachers": "teachers", "students": "class-2026"}, api, hub.admin_token))
     assert ok == []
     # the service said nothing at its start: both of its groups have members
     assert "tfmagic.hub: the" not in hub.log_path.read_text().replace("tfmagic.hub: the class page", "")
