@@ -30,7 +30,6 @@ from .conftest import assert_gone, poll_for
 from .hubhost import Hub, available
 from .jupyterutil import Kernel
 
-ROOT_MARKS = [pytest.mark.server, pytest.mark.kernel, pytest.mark.cluster]
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts" / "hub"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 EXPERIMENT = "staleness"  # the shortest of the class experiments (about 15 s here)
@@ -45,6 +44,11 @@ c.JupyterHub.load_groups = {{
 tfmagic.hub.configure(c, teachers="teachers", students="class-2026", experiment={EXPERIMENT!r})
 tfmagic.hub.limits(c, max_tasks={MAX_TASKS}, set_by="the course's hub admin")
 """
+
+
+def on_the_hub(test):
+    """The tiers of a test on the module's hub: a server (the hub's), kernels, clusters."""
+    return pytest.mark.server(pytest.mark.kernel(pytest.mark.cluster(test)))
 
 
 @pytest.fixture(scope="module")
@@ -123,9 +127,7 @@ def _class(page, check, timeout: float = 60):
 
 
 @pytest.mark.browser
-@pytest.mark.server
-@pytest.mark.kernel
-@pytest.mark.cluster
+@on_the_hub
 def test_the_teacher_sees_every_students_cluster_while_they_train(hub, students, teacher_page):
     page = teacher_page
 
@@ -159,9 +161,7 @@ def test_the_teacher_sees_every_students_cluster_while_they_train(hub, students,
 
 
 @pytest.mark.browser
-@pytest.mark.server
-@pytest.mark.kernel
-@pytest.mark.cluster
+@on_the_hub
 def test_a_students_hang_shows_on_the_class_page_with_the_doctors_words(hub, students, teacher_page):
     page = teacher_page
     page.goto(f"{hub.url}services/tfmagic/")
@@ -183,9 +183,7 @@ def test_a_students_hang_shows_on_the_class_page_with_the_doctors_words(hub, stu
     )
 
 
-@pytest.mark.server
-@pytest.mark.kernel
-@pytest.mark.cluster
+@on_the_hub
 def test_scopes_keep_students_apart_and_teachers_read_only(hub, students):
     bob, teacher = hub.token("bob"), hub.token("teacher")
     # a student: not the class page, not another student's tfmagic, not their server
@@ -206,9 +204,7 @@ def test_scopes_keep_students_apart_and_teachers_read_only(hub, students):
     assert hub.call("GET", "user/alice/tfmagic/api/class", token="not-a-token")[0] == 403
 
 
-@pytest.mark.server
-@pytest.mark.kernel
-@pytest.mark.cluster
+@on_the_hub
 def test_a_start_beyond_the_hubs_limit_is_refused_in_one_line(hub, students):
     out = students["alice"].run("%tf_cluster add worker --count 6")
     lines = [ln for ln in out.strip().splitlines() if ln.strip()]
@@ -218,9 +214,7 @@ def test_a_start_beyond_the_hubs_limit_is_refused_in_one_line(hub, students):
 
 
 @pytest.mark.browser
-@pytest.mark.server
-@pytest.mark.kernel
-@pytest.mark.cluster
+@on_the_hub
 def test_the_class_experiment_becomes_one_table(hub, students, teacher_page):
     page = teacher_page
     page.goto(f"{hub.url}services/tfmagic/")
