@@ -347,3 +347,29 @@ def test_configure_gives_the_teachers_the_scope_filtered_to_the_class_and_no_acc
     )
     assert json.dumps(c.JupyterHub.custom_scopes)  # the scope is defined for the hub
     assert c.Spawner.environment["TFMAGIC_HUB_SERVICE"] == "tfmagic"
+
+
+@pytest.mark.unit
+def test_a_students_frame_reaches_the_teacher_without_script_or_attributes():
+    pytest.importorskip("jupyterhub")
+    from tfmagic.hub.service import safe_frame
+
+    body = json.dumps(
+        {
+            "frame": 7,
+            "time": 1.5,
+            "state": "running",
+            "header_html": "<div onclick='steal()'>run <b>async</b></div><script>fetch('/hub/token')</script>",
+            "table_html": "<table><tr><td style='x'><a href='javascript:x'>ps:0</a></td></tr></table>",
+            "extra": "<img src=x onerror=alert(1)>",
+        }
+    ).encode()
+    frame = safe_frame(body)
+    assert frame["frame"] == 7 and frame["time"] == 1.5 and frame["state"] == "running"
+    assert "extra" not in frame
+    text = frame["header_html"] + frame["table_html"]
+    assert "<script" not in text and "onclick" not in text and "style" not in text and "href" not in text, (
+        text
+    )
+    assert frame["table_html"] == "<table><tr><td>ps:0</td></tr></table>"
+    assert safe_frame(b"not json") == {"frame": 0, "header_html": "", "table_html": ""}
