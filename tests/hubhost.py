@@ -19,7 +19,6 @@ import os
 import secrets
 import shutil
 import signal
-import subprocess
 import sys
 import sysconfig
 import textwrap
@@ -32,6 +31,7 @@ import psutil
 from tfmagic.network.ports import free_port
 
 from .conftest import assert_gone, poll_for, task_processes
+from .jupyterutil import ServedProcess
 
 PROXY = shutil.which("configurable-http-proxy")
 
@@ -47,8 +47,10 @@ def available() -> str | None:
     return None
 
 
-class Hub:
+class Hub(ServedProcess):
     """A JupyterHub on 127.0.0.1; ``config`` is Python appended to its jupyterhub_config.py (``c`` in scope)."""
+
+    what = "the hub"
 
     def __init__(
         self, tmp: Path, config: str, env: dict[str, str] | None = None, ready_s: float = 120
@@ -101,34 +103,18 @@ class Hub:
             )
             + textwrap.dedent(config)
         )
-        self.log_path = tmp / "hub.log"
-        self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
         environment = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
-        self.proc = subprocess.Popen(
+        self._launch(
             [sys.executable, "-m", "jupyterhub", "-f", str(cfg)],
+            tmp / "hub.log",
+            environment,
+            ready_s,
+            interval=0.3,
             cwd=tmp,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env=environment,
-            start_new_session=True,
         )
-        self.before = set(task_processes())
-        try:
-            poll_for(self._ready, ready_s, interval=0.3, what=lambda: "the hub: " + self.log_tail())
-        except BaseException:
-            self.stop(check=False)
-            raise
 
-    def log_tail(self, chars: int = 3000) -> str:
-        return self.log_path.read_text(errors="replace")[-chars:]
-
-    def _ready(self) -> bool:
-        if self.proc.poll() is not None:
-            raise AssertionError("the hub ended: " + self.log_tail())
-        try:
-            return self.call("GET", "hub/api/")[0] == 200
-        except OSError:
-            return False
+    def _answers(self) -> bool:
+        return self.call("GET", "hub/api/")[0] == 200
 
     def call(self, method: str, path: str, body=None, token: str | None = None) -> tuple[int, object]:
         """One request through the hub's proxy with ``token`` (the admin's by default): (status, JSON or bytes)."""

@@ -23,9 +23,55 @@ from tfmagic.network.ports import free_port
 from .conftest import assert_gone, poll_for, task_processes
 
 
-class JupyterServer:
+class ServedProcess:
+    """A server the tests start in a session of its own, its output in a log, ready once it answers.
+
+    Subclasses say what answering is (:meth:`_answers`) and how to stop (``stop``); the start, the
+    readiness poll (a server that ends while starting fails at once, with its log) and the log's
+    tail are here, for the Jupyter server and the hub (tests/hubhost.py) alike.
+    """
+
+    what = "the server"
+
+    def _launch(
+        self, argv: list[str], log_path: Path, env: dict, ready_s: float, interval: float, cwd=None
+    ) -> None:
+        self.log_path = log_path
+        self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            argv, cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        self.before = set(task_processes())
+        try:
+            # a minute and more when the other test lane loads the machine
+            poll_for(self._ready, ready_s, interval=interval, what=lambda: f"{self.what}: " + self.log_tail())
+        except BaseException:
+            self.stop(check=False)
+            raise
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+    def _ready(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"{self.what} ended: " + self.log_tail())
+        try:
+            return self._answers()
+        except OSError:
+            return False
+
+    def _answers(self) -> bool:
+        raise NotImplementedError
+
+    def stop(self, check: bool = True) -> None:
+        raise NotImplementedError
+
+
+class JupyterServer(ServedProcess):
     """``app`` is "server" or "lab"; ``base_url`` as a hub would give it; ``env`` is added to this
     process's environment (with spares off, and pytest's marker removed so kernels forward output)."""
+
+    what = "the Jupyter server"
 
     def __init__(
         self,
@@ -49,9 +95,8 @@ class JupyterServer:
         environment.update(env or {})
         self.runtime = Path(environment["JUPYTER_RUNTIME_DIR"])
         self.port, self.token = free_port(), secrets.token_hex(16)
-        self.log_path = tmp / "server.log"
-        self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
+        self.url = f"http://127.0.0.1:{self.port}{base_url}"
+        self._launch(
             [
                 sys.executable,
                 "-m",
@@ -66,31 +111,15 @@ class JupyterServer:
                 f"--ServerApp.base_url={base_url}",
                 f"--ServerApp.root_dir={self.work}",
             ],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env=environment,
-            start_new_session=True,
+            tmp / "server.log",
+            environment,
+            ready_s,
+            interval=0.05,
         )
-        self.url = f"http://127.0.0.1:{self.port}{base_url}"
-        self.before = set(task_processes())
-        try:
-            # a minute and more when the other test lane loads the machine
-            poll_for(self._ready, ready_s, what="the Jupyter server")
-        except BaseException:
-            self.stop(check=False)
-            raise
 
-    def log_tail(self, chars: int = 3000) -> str:
-        return self.log_path.read_text(errors="replace")[-chars:]
-
-    def _ready(self) -> bool:
-        if self.proc.poll() is not None:
-            raise AssertionError("the Jupyter server ended: " + self.log_tail())
-        try:
-            with urllib.request.urlopen(f"{self.url}api/status?token={self.token}", timeout=2) as r:
-                return r.status == 200
-        except OSError:
-            return False
+    def _answers(self) -> bool:
+        with urllib.request.urlopen(f"{self.url}api/status?token={self.token}", timeout=2) as r:
+            return r.status == 200
 
     def api(self, method: str, path: str, body: dict | None = None) -> dict | None:
         """One call of the server's REST API (``path`` below the base URL)."""

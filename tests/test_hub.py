@@ -347,6 +347,10 @@ def test_configure_gives_the_teachers_the_scope_filtered_to_the_class_and_no_acc
     )
     assert json.dumps(c.JupyterHub.custom_scopes)  # the scope is defined for the hub
     assert c.Spawner.environment["TFMAGIC_HUB_SERVICE"] == "tfmagic"
+    # the server's class API reads the same names the hub's configuration writes (separate layers)
+    from tfmagic.server import classapi
+
+    assert (classapi.SCOPE, classapi.ENV_SERVICE) == (tfmagic.hub.SCOPE, tfmagic.hub.ENV_SERVICE)
 
 
 @pytest.mark.unit

@@ -207,6 +207,12 @@ class History:
             return len(self.global_steps)
 
     @property
+    def latest_loss(self) -> float | None:
+        """The loss of the latest update, or None before the first (no copy of the history)."""
+        with self._lock:
+            return self.global_steps[-1].loss if self.global_steps else None
+
+    @property
     def done(self) -> bool:
         return self.ended_at is not None
 

@@ -130,11 +130,8 @@ def _hang(cluster) -> str:
     """
     try:
         from . import doctor
-        from .doctor import waits
 
-        if not cluster.running or not waits.current(doctor.THRESHOLD):
-            return ""
-        return doctor.why(cluster).banner
+        return doctor.why(cluster).banner if doctor.waiting(cluster) else ""
     except Exception:  # a record without the line, never a failed record
         log.debug("no hang line for %s", cluster.name, exc_info=True)
         return ""
@@ -205,13 +202,12 @@ class _Published:
             history = getattr(run, "history", None)
             if history is not None:
                 run_text = f"{history.run}: {history.steps} updates" + (", done" if history.done else "")
-                curve = history.loss_curve()
                 progress = {
                     "run_mode": history.mode,
                     "run_steps": history.steps,
                     "run_done": history.done,
                     "run_rate": round(history.updates_per_s(), 2),
-                    "run_loss": _plain(curve[-1][2]) if curve else None,
+                    "run_loss": _plain(history.latest_loss),
                 }
         return (
             rec

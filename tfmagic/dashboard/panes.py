@@ -134,10 +134,9 @@ class Panes:
         something does, the doctor is asked at most once a second.
         """
         from .. import doctor
-        from ..doctor import waits
 
         cluster = self.view.cluster
-        if cluster is None or not cluster.running or not waits.current(doctor.THRESHOLD):
+        if cluster is None or not doctor.waiting(cluster):
             self._diagnosis = (0.0, "")
             return ""
         when, said = self._diagnosis

@@ -8,6 +8,6 @@ above it.  ``tfmagic.doctor.why`` and the rest are the diagnosis's names, kept h
 
 from __future__ import annotations
 
-from .diagnosis import THRESHOLD, Diagnosis, Finding, condition, meaningful_tail, translate, why
+from .diagnosis import THRESHOLD, Diagnosis, Finding, condition, meaningful_tail, translate, waiting, why
 
-__all__ = ["THRESHOLD", "Diagnosis", "Finding", "condition", "meaningful_tail", "translate", "why"]
+__all__ = ["THRESHOLD", "Diagnosis", "Finding", "condition", "meaningful_tail", "translate", "waiting", "why"]

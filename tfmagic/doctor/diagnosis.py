@@ -293,6 +293,12 @@ def _look_inside(cluster, on, wait, waits_now) -> tuple[str, str] | None:
     return None
 
 
+def waiting(cluster, threshold: float = THRESHOLD) -> bool:
+    """Whether something has waited past ``threshold`` while ``cluster`` runs: the doctor's free first
+    look (one look at the wait registry), before anything asks :func:`why` for words."""
+    return bool(cluster.running and waits.current(threshold))
+
+
 def why(cluster, stacks: bool = False, threshold: float = THRESHOLD) -> Diagnosis:
     """See :meth:`tfmagic.cluster.Cluster.why`."""
     t0 = time.monotonic()

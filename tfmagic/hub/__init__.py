@@ -36,8 +36,16 @@ from ..experiments import names as experiment_names
 from ..network.ports import free_port
 from ..procs import quota
 
-#: the scope a teacher's role holds, filtered to the class (checked by each student's server)
+#: the scope a teacher's role holds, filtered to the class (checked by each student's server:
+#: tfmagic.server.classapi holds the same name, the server and the hub being separate layers)
 SCOPE = "custom:tfmagic:read"
+#: what configure puts in the class page service's environment (read by tfmagic.hub.service)
+ENV_TEACHERS = "TFMAGIC_HUB_TEACHERS"
+ENV_STUDENTS = "TFMAGIC_HUB_STUDENTS"
+ENV_EXPERIMENT = "TFMAGIC_HUB_EXPERIMENT"
+ENV_PROXY = "TFMAGIC_HUB_PROXY"
+#: ... and in every single-user server's (read by tfmagic.server.classapi): the service's name
+ENV_SERVICE = "TFMAGIC_HUB_SERVICE"
 _GROUP = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,254}$")
 
 
@@ -119,10 +127,10 @@ def configure(
         "url": f"http://127.0.0.1:{port}",
         "command": [sys.executable, "-m", "tfmagic.hub"],
         "environment": {
-            "TFMAGIC_HUB_TEACHERS": teachers,
-            "TFMAGIC_HUB_STUDENTS": students,
-            "TFMAGIC_HUB_EXPERIMENT": experiment or "",
-            "TFMAGIC_HUB_PROXY": hub_url,
+            ENV_TEACHERS: teachers,
+            ENV_STUDENTS: students,
+            ENV_EXPERIMENT: experiment or "",
+            ENV_PROXY: hub_url,
         },
         # what a teacher's token for this page may carry: the read scope and the class's listing,
         # each cut down by the hub to what the teacher's own role grants (filtered to the class)
@@ -165,6 +173,6 @@ def configure(
     environment = c.Spawner.environment
     if not isinstance(environment, dict):
         environment = {}
-    environment["TFMAGIC_HUB_SERVICE"] = name
+    environment[ENV_SERVICE] = name
     c.Spawner.environment = environment
     return service

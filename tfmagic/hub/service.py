@@ -38,19 +38,14 @@ from tornado import httpserver, ioloop, web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from ..webpage import dashboard_page, page
+from . import ENV_EXPERIMENT, ENV_PROXY, ENV_STUDENTS, ENV_TEACHERS, SCOPE
 
-SCOPE = "custom:tfmagic:read"
 #: seconds between a class page's refreshes
 REFRESH_S = 2.0
 #: seconds a student's server may take to answer before the page says it does not
 ASK_TIMEOUT_S = 5.0
 #: seconds between looks at the parent: the service ends when the hub that started it is gone
 PARENT_CHECK_S = 1.0
-#: the environment the hub gives the service (set by tfmagic.hub.configure)
-ENV_TEACHERS = "TFMAGIC_HUB_TEACHERS"
-ENV_STUDENTS = "TFMAGIC_HUB_STUDENTS"
-ENV_EXPERIMENT = "TFMAGIC_HUB_EXPERIMENT"
-ENV_PROXY = "TFMAGIC_HUB_PROXY"
 
 _NAME = re.compile(r"^[^/?#\s]{1,255}$")
 
