@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import queue
 import re
@@ -126,9 +127,20 @@ class Kernel:
         self.stderr_path = Path(path)
         self._stderr = os.fdopen(fd, "wb")
         self.km.start_kernel(env=kenv, stderr=self._stderr)
+        atexit.register(self._last_resort)
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=60)
+        # SIGUSR2 makes the kernel write every thread's Python stack to the stderr file: a cell that
+        # times out quotes where it waits (a hang in CI is otherwise one line saying it did not finish).
+        self.kc.execute(
+            "__import__('faulthandler').register(__import__('signal').SIGUSR2, "
+            f"file=open({str(self.stderr_path)!r}, 'a'), all_threads=True)",
+            silent=True,
+            store_history=False,
+        )
+        #: why every later cell fails at once (a cell that ignored its interrupt), or None
+        self.wedged: str | None = None
         #: output published outside a running cell's reply (background threads), newest last
         self.others: deque[dict] = deque(maxlen=2000)
 
@@ -145,6 +157,8 @@ class Kernel:
     ) -> Reply:
         """Run a cell; with ``until``, keep reading streams (fd-level output
         arrives late) until that text has appeared."""
+        if self.wedged:
+            raise TimeoutError(f"the kernel is wedged: {self.wedged}")
         msg_id = self.kc.execute(code)
         reply = Reply(status="?")
         deadline = time.monotonic() + timeout
@@ -155,10 +169,14 @@ class Kernel:
                 self.km.interrupt_kernel()
                 interrupt_at = None
             if time.monotonic() > deadline:
-                raise TimeoutError(
+                why = (
                     f"cell did not finish in {timeout} s: {code[:200]!r}\nso far: {reply.text[-2000:]}"
-                    f"\nthe kernel's stderr ends:\n{self.stderr_tail()}"
+                    f"\nthe kernel's stderr ends:\n{self.stderr_tail()}\n{self.threads()}"
                 )
+                if not self._interrupt(msg_id):
+                    # Every later cell would queue behind this one and wait out its own timeout.
+                    self.wedged = f"an earlier cell did not finish, even interrupted: {code[:200]!r}"
+                raise TimeoutError(why)
             try:
                 msg = self.kc.get_iopub_msg(timeout=0.2)
             except queue.Empty:
@@ -228,6 +246,40 @@ class Kernel:
             except queue.Empty:
                 return
 
+    def _interrupt(self, msg_id: str, wait: float = 15.0) -> bool:
+        """Interrupt a cell that ran past its timeout; whether the kernel went idle after it."""
+        try:
+            self.km.interrupt_kernel()
+        except Exception:  # noqa: BLE001 - a dead kernel is reported by the caller's error
+            return False
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                msg = self.kc.get_iopub_msg(timeout=0.2)
+            except queue.Empty:
+                continue
+            if (
+                msg["parent_header"].get("msg_id") == msg_id
+                and msg["msg_type"] == "status"
+                and msg["content"]["execution_state"] == "idle"
+            ):
+                return True
+            self.others.append(msg)
+        return False
+
+    def threads(self) -> str:
+        """Every thread's Python stack in the kernel now (faulthandler, on SIGUSR2), for a cell that hangs."""
+        import signal
+
+        before = len(self.stderr_tail(chars=10**9))
+        try:
+            os.kill(self.pid, signal.SIGUSR2)
+        except (OSError, TypeError):
+            return ""
+        time.sleep(1.0)
+        dump = self.stderr_tail(chars=10**9)[before:]
+        return f"the kernel's threads now:\n{dump[-12000:]}" if dump.strip() else ""
+
     def stderr_tail(self, chars: int = 3000) -> str:
         try:
             return self.stderr_path.read_text(errors="replace")[-chars:]
@@ -254,7 +306,14 @@ class Kernel:
             text = ""
         return why_it_died(text + "\n" + kernel_log_of(getattr(process, "pid", None)))
 
+    def _last_resort(self) -> None:
+        """At the test process's exit: kill a kernel that a failed fixture never shut down (its
+        tasks end with it: their control channel reaches end-of-file)."""
+        if self.km.has_kernel:
+            self.km.shutdown_kernel(now=True)
+
     def shutdown(self) -> None:
+        atexit.unregister(self._last_resort)
         try:
             self.kc.stop_channels()
         finally:
