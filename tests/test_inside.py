@@ -320,17 +320,19 @@ with tf.Graph().as_default():
         train_op = opt_sr.minimize(tf.reduce_sum(tf.square(w_sr - 1.0)), global_step=gs)
     hook = opt_sr.make_session_run_hook(task_index == 0)
     with tf.compat.v1.train.MonitoredTrainingSession(master=server.target, is_chief=(task_index == 0), hooks=[hook]) as s:
+        print("stepping", flush=True)
         for _ in range(3):
             s.run(train_op)
 """
     cell = run_px(cluster, code, "worker:0")
-    began = time.time()
     try:
-        # the chief builds its session (a second or two) before its first step waits
+        # the chief builds its session (a second or two; more than 8 s at niceness 19 beside a
+        # lesson, once) before its first step waits: the hang begins when it says it steps
+        poll_for(lambda: "stepping" in cell.outcomes["worker:0"].stdout, 120, what="the chief's session")
         diag, row = _diagnose(
             cluster,
             lambda r: "SyncReplicasOptimizer" in r.cause,
-            began + 3.0,
+            time.time(),
             "SyncReplicas with fewer workers",
         )
         assert "aggregates 2 gradients" in row.cause and "only 1 worker" in row.cause, row.cause
