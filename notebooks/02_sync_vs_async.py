@@ -230,14 +230,14 @@ lesson.expect(
 # For every async step tfmagic records how many updates *other* workers applied between this worker reading the
 # parameters and applying its gradient. While one worker's gradient is in flight, each of the two others is
 # computing one of its own and applies it once per step: so the mean over all gradients is near
-# **workers - 1 = 2**, and 2 is the most common staleness. On a quiet machine the three modelled machines are
-# identical and the histogram is nearly a spike at 2.
+# **workers - 1 = 2**, and 2 is the most common staleness. If each step ended at an instant, as the model's
+# steps do, the histogram would be a spike at 2.
 #
-# The model's steps end at instants; the real calls that end them take a few milliseconds (apply, then read
-# the parameters again). Two updates that land within those milliseconds land in either order, so on a busy
-# machine the spike spreads to 1 and 3. And two workers whose steps come to end together (contended calls can
-# pull them into step) see each other's update only about half the time: their means fall toward 1.5 while
-# the third worker's stays at 2. The cell checks what holds either way.
+# The real calls that end the steps take a few milliseconds (apply, then read the parameters again), and three
+# workers' steps end only P / 3 apart. Two updates that land within those milliseconds land in either order,
+# so the spike spreads to 1 and 3, more on a busy machine. And two workers whose steps come to end together
+# (contended calls can pull them into step) see each other's update only about half the time: their means fall
+# toward 1.5 while the third worker's stays at 2. The cell checks what holds either way.
 
 # %%
 stale = async_.staleness()
