@@ -10,7 +10,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbclient import NotebookClient
-from nbclient.exceptions import DeadKernelError
+from nbclient.exceptions import CellExecutionError, DeadKernelError
 
 from .conftest import assert_gone, task_processes
 from .kernelutil import KernelAborted, aborted, kernel_log_of, record_abort, why_it_died
@@ -49,6 +49,15 @@ def execute(
         record_abort(f"notebook {name}", str(first))
         assert_gone(set(task_processes()) - before)  # no orphan when the kernel aborts, either
         nb, peak = _run(name, env, saved_as or name)
+    except CellExecutionError as first:
+        if "LessonCheckFailed" not in str(first) or LESSON_HELD_BACK not in str(first):
+            raise
+        # What the lesson tells a student whose run contradicted it ("if the machine was busy, run
+        # the cell again"), done once for the whole notebook and kept in the test summary and the
+        # artifacts: a check that fails twice fails the test.
+        record_lesson_rerun(name, str(first))
+        assert_gone(set(task_processes()) - before)
+        nb, peak = _run(name, env, saved_as or name)
     assert_gone(set(task_processes()) - before)
     record = ARTIFACTS / "memory.json"
     peaks = json.loads(record.read_text()) if record.exists() else {}
@@ -59,6 +68,32 @@ def execute(
             f"{name} peaked at {peak / 1e9:.2f} GB (PSS), over {peak_limit / 1e9:g} GB"
         )
     return nb
+
+
+#: how a lesson check that the run contradicted reads (tfmagic.lesson), as opposed to an unreadable figure
+LESSON_HELD_BACK = "did not hold in this run"
+
+
+def record_lesson_rerun(name: str, why: str) -> None:
+    """Keep a lesson check a loaded run contradicted, and say in the test summary that the notebook
+    ran again: a notebook that passes on its second run must not hide its first."""
+    import time
+    import warnings
+
+    text = re.sub(r"\x1b\[[0-9;]*m", "", why)
+    lines = [
+        line for line in text.splitlines() if LESSON_HELD_BACK in line and "LessonCheckFailed" not in line
+    ]
+    load = os.getloadavg()[0] / (os.cpu_count() or 1)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with open(ARTIFACTS / "lesson-reruns.log", "a") as log:
+        log.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {name} (load {load:.1f} per core)\n")
+        log.write("\n".join(lines[-5:]) + "\n")
+    warnings.warn(
+        f"{name}: a lesson check did not hold (load {load:.1f} per core) and the notebook ran again: "
+        + (lines[-1].strip() if lines else "see test-artifacts/notebooks/lesson-reruns.log"),
+        stacklevel=2,
+    )
 
 
 def _run(name: str, env: dict | None, saved_as: str) -> tuple[nbformat.NotebookNode, float]:
@@ -342,3 +377,33 @@ def test_07_inside_the_cluster():
     # steps in flight at the kill are recorded after it; that none started later, the notebook checks
     assert k0 > 10 and k1 - k0 <= 16 and b1 - b0 < 0.05 * b0 + 0.01, rows
     assert "the run is still training" in text
+
+
+def _flaky_lesson(tmp_path, fails: int) -> str:
+    """A notebook whose one lesson check fails on its first ``fails`` runs, then holds."""
+    runs = tmp_path / "runs"
+    code = (
+        "from pathlib import Path\n"
+        "from tfmagic import lesson\n"
+        f"runs = Path({str(runs)!r})\n"
+        "n = len(runs.read_text()) if runs.exists() else 0\n"
+        "runs.write_text('x' * (n + 1))\n"
+        f"lesson.expect(n, at_least={fails}, claim='the run held this time')\n"
+    )
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code)])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path = tmp_path / "flaky.ipynb"
+    nbformat.write(nb, path)
+    return str(path)
+
+
+def test_a_lesson_a_loaded_run_contradicted_runs_again_once_and_says_so(tmp_path):
+    with pytest.warns(UserWarning, match="a lesson check did not hold .* ran again"):
+        nb = execute(_flaky_lesson(tmp_path, fails=1), saved_as="flaky-lesson.ipynb")
+    assert "✓ the run held this time" in outputs(nb)
+    assert "the run held this time" in (ARTIFACTS / "lesson-reruns.log").read_text()
+
+
+def test_a_lesson_contradicted_twice_fails(tmp_path):
+    with pytest.warns(UserWarning), pytest.raises(CellExecutionError, match="did not hold in this run"):
+        execute(_flaky_lesson(tmp_path, fails=2), saved_as="flaky-lesson.ipynb")
