@@ -31,6 +31,8 @@ from tfmagic.errors import TfmagicError
 
 #: the doctor must name a wait this long
 STALL_S = 10.0
+#: the bound for a run that has not made its first update yet (connecting, tracing)
+WARMUP_S = 60.0
 MODES = ("async", "sync", "ssp")
 
 
@@ -219,14 +221,18 @@ class Soak:
             self.run = None
             return
         before = run.history.steps
-        deadline = time.monotonic() + STALL_S
+        # A run's first update comes after it connects and traces its step functions (CPU work, which
+        # no call waits on): seconds, and more after a relay it connected through was killed, on a
+        # loaded machine (a clean-clone run: 10 s at its first action). The stall bound counts from there.
+        bound = STALL_S if before > 0 else WARMUP_S
+        deadline = time.monotonic() + bound
         while time.monotonic() < deadline and run.running and run.history.steps == before:
             time.sleep(0.2)
         if run.running and run.history.steps == before:
             said = self.cluster.why()
             odd = {t: c for t, c in said.tasks.items() if c != "running"}
-            say(f"  no update for {STALL_S:g} s; the doctor: {str(said)[:300]}")
-            assert said.rows or odd, f"a run made no update for {STALL_S:g} s and the doctor named nothing"
+            say(f"  no update for {bound:g} s; the doctor: {str(said)[:300]}")
+            assert said.rows or odd, f"a run made no update for {bound:g} s and the doctor named nothing"
 
     def go(self, count: int) -> None:
         names = list(self.ACTIONS)
