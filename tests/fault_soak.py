@@ -5,7 +5,8 @@ runs train: add and remove workers, change the ps's card, kill and stop the rela
 stop tasks, stop a run midway (an interrupt's path), start runs of every mode. After each action:
 
 * nothing waits longer than 10 s without the hang doctor naming why: when a run makes no update for
-  10 s, ``cluster.why()`` must name a waiter or a task in an odd state;
+  10 s, ``cluster.why()`` must name a waiter or a task in an odd state (a run that has not made its
+  first update yet, still connecting and tracing, has 60 s: that is CPU work no call waits on);
 * no applied update is lost: when a run ends, the ps's global step equals the updates it recorded, each
   step once (runs that end with an error say it in one line instead);
 * an error an action causes is one line, a :class:`~tfmagic.errors.TfmagicError`.
