@@ -86,7 +86,7 @@ def main() -> int:
     ticks = os.sysconf("SC_CLK_TCK")
     seen: dict = {}
     sample(seen, ticks)
-    before = {key for key in seen}
+    before = set(seen)
     started = time.monotonic()
     child = subprocess.Popen(command)
     while child.poll() is None:

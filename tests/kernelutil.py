@@ -17,6 +17,11 @@ from jupyter_client.manager import KernelManager
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
+def plain(text: str) -> str:
+    """``text`` without its terminal colours (IPython's tracebacks, a failed cell's error)."""
+    return _ANSI.sub("", text)
+
+
 def why_it_died(stderr: str) -> str:
     """The lines of a dead process's stderr that say why it aborted: TensorFlow's F-lines and CHECK
     failures, C++ terminate, Python's fatal error header, and the frames of tfmagic and TensorFlow in the
@@ -99,7 +104,7 @@ class Reply:
             parts.append(d.get("text/plain", ""))
         for err in self.errors:
             parts.append("\n".join(err.get("traceback", [])))
-        return _ANSI.sub("", "\n".join(parts))
+        return plain("\n".join(parts))
 
     @property
     def html(self) -> str:
@@ -271,13 +276,15 @@ class Kernel:
         """Every thread's Python stack in the kernel now (faulthandler, on SIGUSR2), for a cell that hangs."""
         import signal
 
-        before = len(self.stderr_tail(chars=10**9))
         try:
+            before = self.stderr_path.stat().st_size
             os.kill(self.pid, signal.SIGUSR2)
+            time.sleep(1.0)
+            with open(self.stderr_path, "rb") as f:
+                f.seek(before)
+                dump = f.read().decode(errors="replace")
         except (OSError, TypeError):
             return ""
-        time.sleep(1.0)
-        dump = self.stderr_tail(chars=10**9)[before:]
         return f"the kernel's threads now:\n{dump[-12000:]}" if dump.strip() else ""
 
     def stderr_tail(self, chars: int = 3000) -> str:

@@ -13,7 +13,7 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, DeadKernelError
 
 from .conftest import assert_gone, task_processes
-from .kernelutil import KernelAborted, aborted, kernel_log_of, record_abort, why_it_died
+from .kernelutil import KernelAborted, aborted, kernel_log_of, plain, record_abort, why_it_died
 
 pytestmark = [pytest.mark.notebook, pytest.mark.cluster]
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,9 +80,10 @@ def record_lesson_rerun(name: str, why: str) -> None:
     import time
     import warnings
 
-    text = re.sub(r"\x1b\[[0-9;]*m", "", why)
     lines = [
-        line for line in text.splitlines() if LESSON_HELD_BACK in line and "LessonCheckFailed" not in line
+        line
+        for line in plain(why).splitlines()
+        if LESSON_HELD_BACK in line and "LessonCheckFailed" not in line
     ]
     load = os.getloadavg()[0] / (os.cpu_count() or 1)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)

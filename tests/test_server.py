@@ -244,7 +244,8 @@ def test_the_dashboard_page_is_live_while_the_kernel_trains(server, trained, pag
     first = shot()
     page.wait_for_timeout(5000)
     last = shot()
-    if os.getloadavg()[0] / (os.cpu_count() or 1) >= 3:
+    load = os.getloadavg()[0] / (os.cpu_count() or 1)
+    if load >= 3:
         # A starved machine (this lane runs at niceness 19 beside a lesson): the page must still be
         # live, so watch until it has shown three new frames, for at most a minute.
         while last[0] - first[0] < 3 and time.monotonic() - t0 < 60:
@@ -255,7 +256,6 @@ def test_the_dashboard_page_is_live_while_the_kernel_trains(server, trained, pag
     page.screenshot(path=str(ARTIFACTS / "dashboard.png"))
     assert steps1 > steps0, "the kernel was not training while the page watched"
     rate = (last[0] - first[0]) / elapsed
-    load = os.getloadavg()[0] / (os.cpu_count() or 1)
     print(f"dashboard page: {rate:.1f} frames/s over {elapsed:.1f} s (load {load:.1f} per core)")
     # A frame costs the kernel 30-60 ms of CPU (a full redraw 350 ms), beside its training threads.
     # With more than 3 runnable processes per core (other test runs on this machine; measured here up
