@@ -6,7 +6,8 @@ reaped by the test and its CPU is nowhere. This samples every process of the mac
 second (``/proc/PID/stat``: user + system time, so a process that lives under a second may be
 missed and each one's last second is lost) while the command runs, sorts them by what their command
 line says they are (a tfmagic task, a kernel, Chromium, ...), and prints the CPU seconds of each
-kind. Processes already running when it starts count only what they spend afterwards. Everything
+kind, then by the test file whose test started them (the ``PYTEST_CURRENT_TEST`` they inherited).
+Processes already running when it starts count only what they spend afterwards. Everything
 on the machine is counted (run it on a quiet one).
 """
 
@@ -72,12 +73,30 @@ def sample(seen: dict, ticks: int) -> None:
         if key in seen:
             seen[key][1] = cpu
         elif cmd:
-            seen[key] = [kind(cmd), cpu, cpu]  # kind, now, at first sight
+            seen[key] = [kind(cmd), cpu, cpu, test_file(name)]  # kind, now, at first sight, test
+
+
+def test_file(pid: str) -> str:
+    """The test file whose test started ``pid``: pytest sets PYTEST_CURRENT_TEST, children inherit it.
+
+    A process started by a session fixture or a warm pool counts for the test that was running when
+    it was spawned; one started outside a test (the lint, the installers) counts as "-".
+    """
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read().split(b"\0")
+    except OSError:
+        return "-"
+    for entry in env:
+        if entry.startswith(b"PYTEST_CURRENT_TEST="):
+            return entry[20:].decode(errors="replace").split("::")[0].rpartition("/")[2]
+    return "-"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="also write the figures here")
+    parser.add_argument("--top", type=int, default=25, help="the test files to list")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the command to run, after --")
     args = parser.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -95,10 +114,15 @@ def main() -> int:
     wall = time.monotonic() - started
     cpu: collections.Counter = collections.Counter()
     count: collections.Counter = collections.Counter()
-    for key, (name, now, first) in seen.items():
+    by_file: collections.Counter = collections.Counter()
+    tasks_by_file: collections.Counter = collections.Counter()
+    for key, (name, now, first, where) in seen.items():
         spent = now - first if key in before else now
         cpu[name] += spent
         count[name] += key not in before
+        by_file[where] += spent
+        if name == "tfmagic task":
+            tasks_by_file[where] += key not in before
     total = sum(cpu.values())
     print(
         f"{command[0]}... exit {child.returncode}: {wall:.0f} s wall, {total:.0f} CPU-s "
@@ -108,9 +132,14 @@ def main() -> int:
     for name, spent in cpu.most_common():
         if spent >= 0.5:
             print(f"{name:24s} {count[name]:8d} {spent:8.0f} {spent / total:6.0%}")
+    print(f"\n{'started by tests in':32s} {'tasks':>6s} {'CPU-s':>8s} {'share':>6s}")
+    for where, spent in by_file.most_common(args.top):
+        print(f"{where:32s} {tasks_by_file[where]:6d} {spent:8.0f} {spent / total:6.0%}")
     if args.json:
+        figures = {"wall": wall, "cpu": dict(cpu), "started": dict(count), "by_file": dict(by_file)}
+        figures["tasks_by_file"] = dict(tasks_by_file)
         with open(args.json, "w") as f:
-            json.dump({"wall": wall, "cpu": dict(cpu), "started": dict(count)}, f, indent=1)
+            json.dump(figures, f, indent=1)
     return child.returncode
 
 
