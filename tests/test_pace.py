@@ -76,3 +76,61 @@ def test_an_exponential_step_is_the_base_plus_an_exponential_time_of_the_given_m
     for bad in (-0.1, float("inf"), float("nan")):
         with pytest.raises(BadPace, match="exponential is the mean"):
             Pace.parse("40ms", exponential=bad)
+
+
+def _steps(task, reads_updates, pace=0.06):
+    """A worker's paced records: (global step read, update it became) per local step."""
+    from tfmagic.metrics import StepRecord
+
+    return [
+        StepRecord(
+            task,
+            read,
+            10.0 + i * pace,
+            10.0 + (i + 1) * pace,
+            1.0,
+            local_step=i,
+            update=update,
+            staleness=update - 1 - read,
+            compute=0.001,
+            transfer=0.001,
+            apply=0.001,
+            paced=pace,
+        )
+        for i, (read, update) in enumerate(reads_updates)
+    ]
+
+
+def test_updates_landing_between_a_workers_apply_and_its_next_read_count_for_none_of_its_gradients():
+    """The model applies and reads again at one instant; an update that lands in the real call's gap is in
+    the parameters read next, so no gradient of that worker counts it: the staleness falls short by it."""
+    from tfmagic.pace import Pace, pace_notes, updates_while_applying
+
+    # worker:0 updates 3, 6, 9, ...: it reads right after each of its updates (the model's instant) ...
+    model = _steps("worker:0", [(3 * i, 3 * i + 3) for i in range(30)])
+    assert updates_while_applying(model) == (0, 2 * 29)
+    assert pace_notes(Pace(0.06), model, instant_updates=True) == []
+    # ... or one update by another worker lands in that gap every other step: staleness 2 then 1
+    gap = _steps("worker:0", [(3 * i + (i % 2 and 1), 3 * i + 3) for i in range(30)])
+    unseen, others = updates_while_applying(gap)
+    assert (unseen, others) == (15, 58)
+    assert sum(r.staleness for r in gap[1:]) == others - unseen
+    notes = pace_notes(Pace(0.06), gap, instant_updates=True)
+    assert len(notes) == 1 and notes[0].startswith("staleness below the model's: 26% of the other workers")
+    assert "could not keep" not in notes[0], "an explanation, not a failed pace: the lesson checks staleness"
+    assert pace_notes(Pace(0.06), gap) == [], "sync has no staleness to explain"
+    # a step lost in between (local steps 4 and 6) or one past the run's last update is not a gap
+    assert updates_while_applying([gap[3], gap[5]]) == (0, 0)
+    assert updates_while_applying(_steps("worker:1", [(0, 3), (3, -1)])) == (0, 0)
+
+
+def test_steps_over_their_modelled_time_say_the_pace_was_not_kept_and_what_would_be():
+    from tfmagic.pace import Pace, pace_notes
+
+    recs = _steps("worker:0", [(3 * i, 3 * i + 3) for i in range(20)])
+    for r in recs[:5]:
+        r.end = r.start + 0.1  # 5 of 20 steps at 100 ms of a 60 ms pace: 25 % late
+        r.compute = 0.08
+    (note,) = pace_notes(Pace(0.06), recs, instant_updates=True)
+    assert note.startswith("the machine could not keep the 60 ms pace: 25% of the steps took longer")
+    assert note.endswith("A pace of 123 ms or more would work"), note  # 1.5 x 82 ms

@@ -41,6 +41,12 @@ from dataclasses import dataclass, field
 from .errors import BadPace
 from .units import parse_seconds
 
+#: a run keeps its pace when no more than this share of its steps took over LATE times their modelled time
+MISSED, LATE = 0.1, 1.25
+#: paced async keeps its model's staleness when no more than this share of the other workers' updates
+#: landed while a worker was applying its own (:func:`updates_while_applying`)
+UNSEEN = 0.1
+
 
 @dataclass
 class Pace:
@@ -145,3 +151,66 @@ class Pace:
             parts.append(f"{stalled}'s step {at} x{factor:g}")
         slow = ", ".join(f"{t} x{f:g}" for t, f in sorted(self.slowdown.items()))
         return "paced: " + ", ".join(parts) + (f"; slowed {slow}" if slow else "")
+
+
+def updates_while_applying(records) -> tuple[int, int]:
+    """(updates that landed while their worker's neighbour applied its own, all the others' updates).
+
+    A modelled machine applies its gradient and reads the parameters again at one instant, so with
+    N workers at one pace each gradient meets exactly N - 1 updates of the others: the staleness
+    the lesson predicts. A real call takes milliseconds between the two (take an update number on
+    the ps, apply the update there, read the global step again), and an update by another worker
+    that lands then is in the parameters the worker reads next, so it counts for none of that
+    worker's gradients: the mean staleness falls short of N - 1 by about that share (three workers
+    at 60 ms on a loaded machine here: 13 to 20 % of the updates, a mean of 1.54 to 1.69 where
+    the model says 2). Counted from consecutive records of each worker: the global step read for
+    step k + 1 less the update step k became, against all the others' updates between the two.
+    """
+    by_task: dict = {}
+    for r in records:
+        by_task.setdefault(str(r.task), []).append(r)
+    unseen = others = 0
+    for recs in by_task.values():
+        recs.sort(key=lambda r: r.local_step)
+        for a, b in zip(recs, recs[1:]):
+            if b.local_step != a.local_step + 1 or not (a.update and b.update and a.update > 0 < b.update):
+                continue  # a step lost, or one past the last update (nothing applied)
+            unseen += max(0, b.step - a.update)
+            others += max(0, b.update - a.update - 1)
+    return unseen, others
+
+
+def pace_notes(pace: Pace, records, instant_updates: bool = False) -> list[str]:
+    """What a run on ``pace`` must tell its reader about the model (nothing when the run was the model's).
+
+    ``records`` are the run's steps after warm-up. When over a tenth of the steps took over LATE
+    times their modelled time, the run teaches the laptop, not the model: the note says "could not
+    keep" (experiments and lessons look for it) and names a pace that would work. ``instant_updates``
+    (paced async and SSP, whose staleness is a lesson) also checks the model's instant
+    update-then-read (:func:`updates_while_applying`); when over a tenth of the updates fell in the
+    gap, the staleness figures are real but below the model's, and the note says so and why (an
+    explanation, not a failure: a lesson checks the staleness itself).
+    """
+    recs = [r for r in records if r.paced is not None and r.compute is not None]
+    if len(recs) < 10:
+        return []
+    notes = []
+    real = sorted((r.compute or 0) + (r.transfer or 0) + (r.apply or 0) for r in recs)
+    missed = sum(1 for r in recs if r.duration > r.paced * LATE) / len(recs)
+    p90 = real[len(real) * 9 // 10]
+    if missed > MISSED:
+        notes.append(
+            f"the machine could not keep the {pace.base * 1000:g} ms pace: {missed:.0%} of the steps took "
+            f"longer than modelled (real steps took up to {p90 * 1000:.0f} ms here); "
+            f"its figures teach this machine, not the model. A pace of {p90 * 1500:.0f} ms or more would work"
+        )
+    unseen, others = updates_while_applying(recs) if instant_updates else (0, 0)
+    if others >= 50 and unseen / others > UNSEEN:
+        notes.append(
+            f"staleness below the model's: {unseen / others:.0%} of the other workers' updates landed while "
+            "a worker was between applying its own update and reading the parameters again (an instant in "
+            "the model, a real call of some milliseconds here; workers whose steps end together land inside "
+            "each other's call about half the time), so none of its gradients counted them. A longer pace, "
+            "or jitter on it, brings the staleness back toward the model's"
+        )
+    return notes

@@ -456,23 +456,12 @@ class TrainingRun:
 
     def _check_pace(self) -> None:
         """Say so when the machine could not keep the modelled pace (its steps then teach the laptop)."""
-        pace = self.cluster.pace
-        if pace is None:
+        from ..pace import pace_notes
+
+        if self.cluster.pace is None:
             return
-        recs = [
-            r for r in self.history.records if r.paced is not None and not r.warmup and r.compute is not None
-        ]
-        if len(recs) < 10:
-            return
-        real = sorted((r.compute or 0) + (r.transfer or 0) + (r.apply or 0) for r in recs)
-        missed = sum(1 for r in recs if r.duration > r.paced * 1.25) / len(recs)
-        if missed > 0.1:
-            need = real[len(real) * 9 // 10] * 1.5
-            note = (
-                f"the machine could not keep the {pace.base * 1000:g} ms pace: {missed:.0%} of the steps took "
-                f"longer than modelled (real steps took up to {real[len(real) * 9 // 10] * 1000:.0f} ms here); "
-                f"its figures teach this machine, not the model. A pace of {need * 1000:.0f} ms or more would work"
-            )
+        recs = [r for r in self.history.records if not r.warmup]
+        for note in pace_notes(self.cluster.pace, recs, instant_updates=self.kind == "paced"):
             self.history.notes.append(note)
             self.history.add_event("pace", detail=note)
 
