@@ -88,8 +88,11 @@ def test_file(pid: str) -> str:
     except OSError:
         return "-"
     for entry in env:
-        if entry.startswith(b"PYTEST_CURRENT_TEST="):
-            return entry[20:].decode(errors="replace").split("::")[0].rpartition("/")[2]
+        # kernels get the test's name as TFMAGIC_TEST_STARTED_BY (ipykernel changes its output when it
+        # sees PYTEST_CURRENT_TEST, so the tests' kernel starters take that one out)
+        name, _, value = entry.partition(b"=")
+        if name in (b"PYTEST_CURRENT_TEST", b"TFMAGIC_TEST_STARTED_BY") and value:
+            return value.decode(errors="replace").split("::")[0].rpartition("/")[2]
     return "-"
 
 
@@ -116,11 +119,13 @@ def main() -> int:
     count: collections.Counter = collections.Counter()
     by_file: collections.Counter = collections.Counter()
     tasks_by_file: collections.Counter = collections.Counter()
+    kinds_by_file: dict = collections.defaultdict(collections.Counter)
     for key, (name, now, first, where) in seen.items():
         spent = now - first if key in before else now
         cpu[name] += spent
         count[name] += key not in before
         by_file[where] += spent
+        kinds_by_file[where][name] += spent
         if name == "tfmagic task":
             tasks_by_file[where] += key not in before
     total = sum(cpu.values())
@@ -132,12 +137,14 @@ def main() -> int:
     for name, spent in cpu.most_common():
         if spent >= 0.5:
             print(f"{name:24s} {count[name]:8d} {spent:8.0f} {spent / total:6.0%}")
-    print(f"\n{'started by tests in':32s} {'tasks':>6s} {'CPU-s':>8s} {'share':>6s}")
+    print(f"\n{'started by tests in':32s} {'tasks':>6s} {'CPU-s':>8s} {'share':>6s}  of which")
     for where, spent in by_file.most_common(args.top):
-        print(f"{where:32s} {tasks_by_file[where]:6d} {spent:8.0f} {spent / total:6.0%}")
+        parts = ", ".join(f"{k} {v:.0f}" for k, v in kinds_by_file[where].most_common(3) if v >= 1)
+        print(f"{where:32s} {tasks_by_file[where]:6d} {spent:8.0f} {spent / total:6.0%}  {parts}")
     if args.json:
         figures = {"wall": wall, "cpu": dict(cpu), "started": dict(count), "by_file": dict(by_file)}
         figures["tasks_by_file"] = dict(tasks_by_file)
+        figures["kinds_by_file"] = {k: dict(v) for k, v in kinds_by_file.items()}
         with open(args.json, "w") as f:
             json.dump(figures, f, indent=1)
     return child.returncode

@@ -122,7 +122,8 @@ class Kernel:
         kenv.update(env or {})
         # ipykernel turns off forwarding of fd 1/2 to the frontend when it sees
         # pytest; a notebook user has it on, so the tests must too.
-        kenv.pop("PYTEST_CURRENT_TEST", None)
+        # tests/cpu_by_process.py counts the kernel and its tasks for the test that started it
+        kenv["TFMAGIC_TEST_STARTED_BY"] = kenv.pop("PYTEST_CURRENT_TEST", "")
         # A native crash (SIGSEGV inside TensorFlow) then leaves every thread's Python stack in
         # the stderr file below, which a failing test quotes.
         kenv.setdefault("PYTHONFAULTHANDLER", "1")

@@ -105,7 +105,7 @@ def _run(name: str, env: dict | None, saved_as: str) -> tuple[nbformat.NotebookN
     env = dict(
         os.environ if env is None else env, TFMAGIC_SPARES="0", TFMAGIC_LESSON_STRICT="1"
     )  # strict: a contradicted lesson fails
-    env.pop("PYTEST_CURRENT_TEST", None)
+    env["TFMAGIC_TEST_STARTED_BY"] = env.pop("PYTEST_CURRENT_TEST", "")  # for tests/cpu_by_process.py
     client = NotebookClient(
         nb,
         timeout=600,

@@ -299,21 +299,29 @@ class Lab:
         )
 
     @contextlib.contextmanager
-    def cluster(self, workers: int, ps: int = 1, **pace) -> Iterator:
-        """A paced local cluster for the block (no warm spares: they would cost memory)."""
+    def cluster(self, workers: int, ps: int = 1, processes: int | str | None = None, **pace) -> Iterator:
+        """A paced local cluster for the block (no warm spares: they would cost memory).
+
+        ``processes`` puts its tasks in that many processes (``"auto"``: one per 16 tasks), as
+        ``LocalCluster(processes=)`` does: how an experiment reaches 16 or 32 workers in 2 GB.
+        """
         from ..cluster import LocalCluster
 
-        self.progress(f"starting 1 ps + {workers} worker{'s' if workers != 1 else ''} (paced)")
+        shared = f" in {processes} processes" if processes is not None else ""
+        self.progress(f"starting 1 ps + {workers} worker{'s' if workers != 1 else ''} (paced){shared}")
         before = self.memory.sample()
-        cluster = LocalCluster(ps=ps, workers=workers, spares=False, pace=self.pace(**pace))
+        cluster = LocalCluster(
+            ps=ps, workers=workers, spares=False, pace=self.pace(**pace), processes=processes
+        )
         try:
             cluster.start()
             cluster.connect()
             after = self.memory.sample()
-            tasks = [p.pid for p in cluster.procs.values() if p.pid]
-            per = [_pss(pid) for pid in tasks]
+            pids = {p.pid for p in cluster.procs.values() if p.pid}  # a shared process once
+            per = [_pss(pid) for pid in pids]
             if per and all(per):
-                self.task_bytes = max(per)
+                if processes is None:  # what one task's process costs; shared ones are estimated in fits
+                    self.task_bytes = max(per)
                 self.base_bytes = max(0, after - sum(per))
             elif self.base_bytes is None:
                 self.base_bytes = before
@@ -321,20 +329,29 @@ class Lab:
         finally:
             cluster.stop()
 
-    def fits(self, tasks: int) -> tuple[bool, str]:
-        """Whether a cluster of ``tasks`` tasks stays under the memory limit, and the arithmetic."""
+    def fits(self, tasks: int, processes: int | str | None = None) -> tuple[bool, str]:
+        """Whether a cluster of ``tasks`` tasks (in ``processes`` processes) stays under the memory
+        limit, and the arithmetic. A process costs what one task's process measured here (or
+        200 MB); each further task sharing it about 60 MB after a run
+        (:data:`tfmagic.cluster.taskset.SHARED_TASK_BYTES`, ``bench/memory.py``)."""
+        from ..cluster.taskset import SHARED_TASK_BYTES
+        from ..launchers.local import process_sizes
         from ..procs.memory import memory_available
 
         per = self.task_bytes or 200 * 1000**2
         base = self.base_bytes or memory_now()
-        need = (
-            base + tasks * per * 1.25
-        )  # tasks grow while they train (measured: 1.64 GB foreseen, 1.70 used)
+        n = len(process_sizes(tasks, processes)) if processes is not None else tasks
+        # a process grows while its tasks train (measured: 1.64 GB foreseen, 1.70 used); a shared task's
+        # cost was measured after a run
+        need = base + n * per * 1.25 + (tasks - n) * SHARED_TASK_BYTES
         allowed = min(self.memory_limit, base + memory_available())
-        words = (
-            f"{tasks} tasks x {per / 1e9:.2f} GB + {base / 1e9:.2f} GB for this process "
-            f"= {need / 1e9:.2f} GB against {allowed / 1e9:.2f} GB allowed"
-        )
+        cost = f"{tasks} tasks x {per / 1e9:.2f} GB x 1.25 as they train"
+        if n < tasks:
+            cost = (
+                f"{n} process{'es' if n != 1 else ''} x {per / 1e9:.2f} GB x 1.25 as they train + "
+                f"{tasks - n} tasks sharing them x {SHARED_TASK_BYTES / 1e9:.2f} GB"
+            )
+        words = f"{cost} + {base / 1e9:.2f} GB for this process = {need / 1e9:.2f} GB against {allowed / 1e9:.2f} GB allowed"
         return need <= allowed, words
 
     def train(self, cluster, mode: str, steps: int, label: str = "", **kwargs):
