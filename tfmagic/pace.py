@@ -154,7 +154,7 @@ class Pace:
 
 
 def updates_while_applying(records) -> tuple[int, int]:
-    """(updates that landed while their worker's neighbour applied its own, all the others' updates).
+    """(others' updates that landed between a worker's update and its next read, all others' updates).
 
     A modelled machine applies its gradient and reads the parameters again at one instant, so with
     N workers at one pace each gradient meets exactly N - 1 updates of the others: the staleness
@@ -173,8 +173,9 @@ def updates_while_applying(records) -> tuple[int, int]:
     for recs in by_task.values():
         recs.sort(key=lambda r: r.local_step)
         for a, b in zip(recs, recs[1:]):
-            if b.local_step != a.local_step + 1 or not (a.update and b.update and a.update > 0 < b.update):
-                continue  # a step lost, or one past the last update (nothing applied)
+            applied = (a.update or 0) > 0 and (b.update or 0) > 0  # not past the run's last update
+            if b.local_step != a.local_step + 1 or not applied:
+                continue  # a step lost in between, or one that applied nothing
             unseen += max(0, b.step - a.update)
             others += max(0, b.update - a.update - 1)
     return unseen, others
@@ -210,7 +211,7 @@ def pace_notes(pace: Pace, records, instant_updates: bool = False) -> list[str]:
             f"staleness below the model's: {unseen / others:.0%} of the other workers' updates landed while "
             "a worker was between applying its own update and reading the parameters again (an instant in "
             "the model, a real call of some milliseconds here; workers whose steps end together land inside "
-            "each other's call about half the time), so none of its gradients counted them. A longer pace, "
-            "or jitter on it, brings the staleness back toward the model's"
+            "each other's call about half the time), so none of its gradients counted them. Jitter on the "
+            "pace (steps then rarely end together) and a longer pace bring the staleness back toward the model's"
         )
     return notes
