@@ -313,8 +313,10 @@ class Lab:
         cluster = LocalCluster(
             ps=ps, workers=workers, spares=False, pace=self.pace(**pace), processes=processes
         )
+        # a start refused (a hub's task limit: WillNotFit) or failed has stopped what it started; stopping
+        # again would say "not running" instead of why
+        cluster.start()
         try:
-            cluster.start()
             cluster.connect()
             after = self.memory.sample()
             pids = {p.pid for p in cluster.procs.values() if p.pid}  # a shared process once
