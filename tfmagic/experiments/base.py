@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import TfmagicError, TrainingError
+from ..errors import TfmagicError, TrainingError, WillNotFit
 from ..figcheck import checked
 
 #: every experiment finishes within this many seconds on a 2-core machine ...
@@ -355,6 +355,22 @@ class Lab:
             )
         words = f"{cost} + {base / 1e9:.2f} GB for this process = {need / 1e9:.2f} GB against {allowed / 1e9:.2f} GB allowed"
         return need <= allowed, words
+
+    def train_alone(self, workers: int, steps: int, notes: list[str], processes=None, base: float = PACE):
+        """An async run of ``steps`` updates on a cluster of ``workers`` of its own (at ``base`` a step).
+
+        None when a limit the memory estimate does not know (a hub's tasks per user) refused its start:
+        ``notes[-1]`` (the size's "fits" note) then says it was skipped, in that limit's words.
+        """
+        try:
+            with self.cluster(workers=workers, processes=processes, base=base) as cluster:
+                return self.train(
+                    cluster, "async", steps, label=f"async, {workers} workers, {base * 1000:g} ms"
+                )
+        except WillNotFit as refused:
+            notes[-1] = f"{workers} workers skipped: {refused}"
+            self.progress(notes[-1])
+            return None
 
     def train(self, cluster, mode: str, steps: int, label: str = "", **kwargs):
         """A run on ``cluster``; its :class:`~tfmagic.metrics.History`, or TrainingError with the reason."""

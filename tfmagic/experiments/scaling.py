@@ -14,7 +14,6 @@ worker's rate means: N workers at any pace against one worker at its own.
 
 from __future__ import annotations
 
-from ..errors import WillNotFit
 from .base import PACE, Check, Claim, Finding, Lab, figure
 from .staleness import RATE, SHARED_FROM
 
@@ -52,14 +51,8 @@ def measure(lab: Lab) -> Finding:
             continue
         notes.append(f"{n} workers fit the memory limit ({words})")
         pace = max(PACE, n / RATE) if processes else PACE
-        try:
-            with lab.cluster(workers=n, processes=processes, base=pace) as cluster:
-                h = lab.train(
-                    cluster, "async", UPDATES_PER_WORKER * n, label=f"async, {n} workers, {pace * 1000:g} ms"
-                )
-        except WillNotFit as refused:  # a limit the memory check does not know (a hub's tasks per user)
-            notes[-1] = f"{n} workers skipped: {refused}"
-            lab.progress(notes[-1])
+        h = lab.train_alone(n, UPDATES_PER_WORKER * n, notes, processes, pace)
+        if h is None:
             continue
         rate[n] = h.updates_per_s() * pace / PACE
         if pace != PACE:
