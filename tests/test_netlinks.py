@@ -11,6 +11,7 @@ connections.  Bad input is one line and leaves the cluster as it was.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import re
@@ -579,20 +580,31 @@ def test_a_slow_card_puts_updates_inside_a_workers_apply_and_the_run_says_why_st
         recs = [r for r in h.records if not r.warmup]
         unseen, others = updates_while_applying(recs)
         said = [n for n in h.notes if n.startswith("staleness below the model's")]
-        return recs, unseen / others, said
+        by = collections.Counter(str(r.task) for r in recs)
+        return recs, unseen / others, said, (by, [(e.kind, e.detail) for e in h.events])
+
+    def said_as_measured(share, said, seen):
+        assert bool(said) == (share > 0.1), (share, said, seen)
+        assert not said or said[0].startswith(f"staleness below the model's: {share:.0%} of the other"), said
 
     cluster.pace = Pace.parse("200ms")
     try:
         cluster.net("ps:0", delay="20ms")
         try:
-            recs, share, said = run()
+            # Workers that start together stay in phase and land inside each other's call; a worker whose
+            # first call ran late (a connection made again after the module's relay kills) runs out of
+            # phase, and then nothing lands inside its calls (the model's staleness, rightly said nothing
+            # of). So up to three runs for one in phase; every run's note must match its records.
+            for _ in range(3):
+                recs, share, said, seen = run()
+                said_as_measured(share, said, seen)
+                if share > 0.2:
+                    break
         finally:
             cluster.net("ps:0", delay="0ms")
-        assert share > 0.2, share
-        assert said and said[0].startswith(f"staleness below the model's: {share:.0%} of the other"), said
+        assert share > 0.2, (share, seen)
         assert sum(r.staleness for r in recs) / len(recs) < 0.85, "the model's 1, less the updates unseen"
-        _, share, said = run()
-        assert bool(said) == (share > 0.1), (share, said)
+        said_as_measured(*run()[1:])
     finally:
         cluster.pace = None
 

@@ -113,6 +113,8 @@ class Shaper:
         #: told, in a sentence, when the relay process ends on its own and what was done about it
         self.on_event = on_event
         self._restarts: list[float] = []
+        #: when (time.monotonic()) the relay was last started again on its ports (None: never)
+        self.restarted_at: float | None = None
         #: tells this Shaper's threads from another's (the pid changes when the relay restarts)
         self.serial = next(_serials)
         #: each relayed task: (the port the relay listens on, where the task serves)
@@ -186,6 +188,7 @@ class Shaper:
             self._spawn()
             owner.register(self)
             self._closing = False
+            self.restarted_at = time.monotonic()
         for name, (listen, target) in self.given_routes.items():
             self._ask(op="route", name=name, listen=listen, target=target)
             model = self.models[name]
