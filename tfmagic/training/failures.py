@@ -489,19 +489,22 @@ class FailurePolicy:
 
 
 def _relay_hint(cluster, exc: Exception) -> str:
-    """What a worker's calls that keep failing unavailable owe to a relay started again before the run.
+    """What a worker's calls that keep failing unavailable may owe to a relay started again earlier.
 
     Issue 22's open fault 4: in about 1 run of 25 started just after the relay was killed, every
     worker's call failed "Socket closed" for as long as the run tried, without one connection reaching
     the new relay, while the kernel's own calls got through; the next run trained every time (5 of 5).
+    Whether this run's calls reached the relay is not checked here, so the hint says what may be, not
+    what was.
     """
     shaper = getattr(cluster, "shaper", None)
     since = getattr(shaper, "restarted_at", None)
     if since is None or type(exc).__name__ != "UnavailableError":
         return ""
     return (
-        f"; the network relay was started again {time.monotonic() - since:.0f} s ago (pid {shaper.pid}) "
-        "and this run's calls through it never connected: train again (a new run connects anew)"
+        f"; the network relay was started again {time.monotonic() - since:.0f} s ago (pid {shaper.pid}), and "
+        "a run begun just after such a restart sometimes never connects through it: train again (a new "
+        "run connects anew)"
     )
 
 
