@@ -18,7 +18,7 @@ from tfmagic.dashboard import Dashboard
 from tfmagic.dashdata import GanttTrace
 from tfmagic.training import TrainingRun
 
-from .conftest import SHARED, assert_gone, share
+from .conftest import SHARED, assert_gone, ran_again, share
 
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("no_leaks")]
 
@@ -55,14 +55,29 @@ def _watched(cluster, mode: str, steps: int, **kw) -> tuple[Dashboard, object]:
     return dash, history
 
 
+def _as_modelled(shares) -> bool:
+    slow, fast = shares["worker:2"], [shares[w] for w in ("worker:0", "worker:1")]
+    return (
+        slow["busy"] > 0.8 and slow["wait"] < 0.05 and all(f["busy"] < 0.4 and f["wait"] > 0.5 for f in fast)
+    )
+
+
 def test_gantt_strip_shows_the_slowed_worker_busy_and_the_others_waiting_in_sync(paced):
-    paced.slow("worker:2", 4)
-    try:
-        dash, history = _watched(paced, "sync", steps=40)
-    finally:
-        paced.slow("worker:2", 1)
-    name, t0, t1, rows = dash.gantt()
-    shares = GanttTrace.shares(t0, t1, rows)
+    for attempt in (1, 2):
+        paced.slow("worker:2", 4)
+        try:
+            dash, history = _watched(paced, "sync", steps=40)
+        finally:
+            paced.slow("worker:2", 1)
+        name, t0, t1, rows = dash.gantt()
+        shares = GanttTrace.shares(t0, t1, rows)
+        # shares measured against the clock: a loaded machine blurs them (the slow worker 0.796 busy
+        # in a clean-clone run), and the test does what the dashboard would tell a user, once
+        if attempt == 1 and not _as_modelled(shares):
+            ran_again("the sync Gantt strip's shares", repr(shares))
+            dash.stop()
+            continue
+        break
     assert name == "sync" and sorted(rows) == ["worker:0", "worker:1", "worker:2"], rows.keys()
     assert t1 - t0 == pytest.approx(10 * 0.16, rel=0.35), "the last 10 updates, each paced by the x4 worker"
     slow = shares["worker:2"]

@@ -20,6 +20,8 @@ import tfmagic.experiments as ex
 from tfmagic.errors import TfmagicError, TrainingError
 from tfmagic.experiments.base import Check, Finding, conclude
 
+from .conftest import ran_again
+
 EXPECTED = ["stragglers", "backup-workers", "staleness", "noise", "ssp", "scaling", "elastic"]
 
 
@@ -271,10 +273,19 @@ def test_the_experiment_holds_within_its_limits(name, no_leaks):
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-c", _RUN_ONE, name], capture_output=True, text=True, timeout=600)
-    found = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert done.returncode == 0 and found, (done.returncode, done.stdout[-2000:], done.stderr[-3000:])
-    r = json.loads(found[-1][len("RESULT ") :])
+    for attempt in (1, 2):
+        done = subprocess.run(
+            [sys.executable, "-c", _RUN_ONE, name], capture_output=True, text=True, timeout=600
+        )
+        found = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+        assert done.returncode == 0 and found, (done.returncode, done.stdout[-2000:], done.stderr[-3000:])
+        r = json.loads(found[-1][len("RESULT ") :])
+        # the experiment's own pace check said the machine was busy: what it tells a user is to run it
+        # again, and so does the test, once (a second miss fails)
+        if attempt == 1 and "could not keep" in (r["why"] or ""):
+            ran_again(f"experiment {name}", r["why"])
+            continue
+        break
     assert r["holds"], r["text"]
     assert r["why"] is None
     assert r["seconds"] <= ex.TIME_LIMIT, r["text"]

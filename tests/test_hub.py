@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import os
 import shutil
@@ -26,7 +27,7 @@ import pytest
 from tfmagic.errors import BadArgument
 from tfmagic.network.ports import free_port
 
-from .conftest import assert_gone, poll_for
+from .conftest import assert_gone, poll_for, ran_again
 from .hubhost import Hub, available
 from .jupyterutil import Kernel
 
@@ -216,6 +217,8 @@ def test_a_start_beyond_the_hubs_limit_is_refused_in_one_line(hub, students):
 @pytest.mark.browser
 @on_the_hub
 def test_the_class_experiment_becomes_one_table(hub, students, teacher_page):
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     page = teacher_page
     page.goto(f"{hub.url}services/tfmagic/")
     # both students run it at once, each with a seed of their own, their training stopped first: two
@@ -230,6 +233,14 @@ def test_the_class_experiment_becomes_one_table(hub, students, teacher_page):
         k.wait(msgs[name], timeout=300)
     data = _class(page, lambda d: d["table"]["ran"] == 2, timeout=60)
     table = data["table"]
+    measured = lambda t: sum(1 for r in t["rows"] for c in r["checks"] if c["value"] is not None)  # noqa: E731
+    if measured(table) == 0 and all("could not keep" in (r["why"] or "") for r in table["rows"]):
+        # both missed their pace (two paced experiments at once on a loaded machine): each said so, and
+        # what it tells a student is to run it again; alice does, alone, so the page has figures to draw
+        ran_again("the class experiment", "; ".join(f"{r['name']}: {r['why']}" for r in table["rows"]))
+        students["alice"].run(f"r = %tf_experiment {EXPERIMENT} --seed 1", timeout=300)
+        data = _class(page, lambda d: measured(d["table"]) > 0, timeout=60)
+        table = data["table"]
     assert table["experiment"] == EXPERIMENT and table["students"] == 2
     assert {r["name"]: r["seed"] for r in table["rows"]} == {"alice": 1, "bob": 2}
     page.wait_for_function(
@@ -239,8 +250,13 @@ def test_the_class_experiment_becomes_one_table(hub, students, teacher_page):
     assert verdict.startswith(f"{table['held']} of 2 students' runs hold"), verdict
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "class.png"), full_page=True)
+    checks = measured(table)
+    with contextlib.suppress(PlaywrightTimeout):  # the page draws the figures on its next poll
+        page.wait_for_function(
+            f"document.querySelectorAll('#tfmagic-strips circle.tfmagic-dot').length == {checks}",
+            timeout=15_000,
+        )
     dots = page.locator("#tfmagic-strips circle.tfmagic-dot").count()
-    checks = sum(1 for r in table["rows"] for c in r["checks"] if c["value"] is not None)
     assert dots == checks > 0, (dots, [(r["name"], r["why"]) for r in table["rows"]])
     # each row says what that student's kernel printed
     for name, k in students.items():
