@@ -88,7 +88,7 @@ def test_without_a_readable_socket_table_nobody_is_told_other_users_are_kept_out
 
 @pytest.mark.unit
 def test_library_key_changes_with_the_source():
-    text = bindguard.SOURCE.read_text()
+    text = bindguard.source_text()
     assert bindguard.library_key(text) == bindguard.library_key(text)
     assert bindguard.library_key(text + "\n/* changed */\n") != bindguard.library_key(text)
     assert bindguard.library_key(text).startswith("bindhost-") and bindguard.library_key(text).endswith(".so")
@@ -99,7 +99,7 @@ def test_library_is_built_into_the_cache_dir_under_its_key(tmp_path, monkeypatch
     monkeypatch.setenv("TFMAGIC_CACHE_DIR", str(tmp_path / "cache"))
     guard = bindguard.bind_guard()
     assert guard.available, guard.reason
-    expected = tmp_path / "cache" / bindguard.library_key(bindguard.SOURCE.read_text())
+    expected = tmp_path / "cache" / bindguard.library_key(bindguard.source_text())
     assert guard.library == str(expected)
     assert [p.name for p in (tmp_path / "cache").iterdir()] == [expected.name], "no temp files left"
     assert bindguard.bind_guard().library == str(expected)  # cached in-process
@@ -170,7 +170,7 @@ def planted(tmp_path):
 
 def _plant(lib: Path, directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
-    target = directory / bindguard.library_key(bindguard.SOURCE.read_text())
+    target = directory / bindguard.library_key(bindguard.source_text())
     shutil.copy(lib, target)
     return target
 
@@ -247,7 +247,7 @@ def test_a_symlinked_library_in_a_private_cache_is_not_used(tmp_path, monkeypatc
     lib, marker = planted
     cache = tmp_path / "mine"
     cache.mkdir(mode=0o700)
-    target = cache / bindguard.library_key(bindguard.SOURCE.read_text())
+    target = cache / bindguard.library_key(bindguard.source_text())
     target.symlink_to(lib)
     monkeypatch.setenv("TFMAGIC_CACHE_DIR", str(cache))
     guard = bindguard.bind_guard()
@@ -287,7 +287,7 @@ def test_a_private_cache_under_a_parent_others_may_write_is_not_used(tmp_path, m
     _runs_clean(guard, marker)
     parent.chmod(0o1777)  # with the sticky bit (as /tmp) others cannot rename what is ours
     bindguard._build.cache_clear()
-    assert bindguard.bind_guard().library == str(cache / bindguard.library_key(bindguard.SOURCE.read_text()))
+    assert bindguard.bind_guard().library == str(cache / bindguard.library_key(bindguard.source_text()))
     assert not marker.exists()
     parent.chmod(0o700)
 
@@ -297,7 +297,7 @@ def test_a_proper_private_cache_is_used_and_not_rebuilt(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     monkeypatch.setenv("TFMAGIC_CACHE_DIR", str(cache))
     first = bindguard.bind_guard().library
-    assert first == str(cache / bindguard.library_key(bindguard.SOURCE.read_text()))
+    assert first == str(cache / bindguard.library_key(bindguard.source_text()))
     assert os.stat(cache).st_mode & 0o777 == 0o700 and os.stat(first).st_mode & 0o777 == 0o755
     before = os.stat(first)
     bindguard._build.cache_clear()  # as a new process would

@@ -255,6 +255,7 @@ def connect(
         first = ctx.get_server_def() is None
         if first:
             clientserver.keep_local()
+            clientserver.serve_lightly()
         host, port = address.rsplit(":", 1)
         peers = (
             set()

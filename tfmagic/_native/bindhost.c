@@ -338,6 +338,14 @@ static int patch_object(struct dl_phdr_info *info, size_t size, void *data) {
     return 0;
 }
 
+/* Point every entry for `symbol` in the loaded objects whose path contains `match` at `to`;
+ * returns how many point there now (servethreads.c uses it too). */
+__attribute__((visibility("hidden"))) int tfmagic_patch_got(const char *match, const char *symbol, void *to) {
+    struct patch_job job = {match, symbol, to, 0};
+    dl_iterate_phdr(patch_object, &job);
+    return job.changed;
+}
+
 int tfmagic_guard_loaded(const char *host, const char *match) {
     pthread_once(&once, init);
     struct in_addr address;
@@ -350,9 +358,7 @@ int tfmagic_guard_loaded(const char *host, const char *match) {
     want_mapped.s6_addr[11] = 0xff;
     memcpy(&want_mapped.s6_addr[12], &want, 4);
     __atomic_store_n(&enabled, 1, __ATOMIC_SEQ_CST);
-    struct patch_job job = {match, "bind", (void *)guarded_bind, 0};
-    dl_iterate_phdr(patch_object, &job);
-    return job.changed;
+    return tfmagic_patch_got(match, "bind", (void *)guarded_bind);
 }
 
 int tfmagic_own_peers_loaded(const char *match) {
@@ -366,10 +372,6 @@ int tfmagic_own_peers_loaded(const char *match) {
     int changed = 0;
     const char *symbols[2] = {"accept", "accept4"};
     void *to[2] = {(void *)guarded_accept, (void *)guarded_accept4};
-    for (int i = 0; i < 2; i++) {
-        struct patch_job job = {match, symbols[i], to[i], 0};
-        dl_iterate_phdr(patch_object, &job);
-        changed += job.changed;
-    }
+    for (int i = 0; i < 2; i++) changed += tfmagic_patch_got(match, symbols[i], to[i]);
     return changed;
 }

@@ -30,8 +30,9 @@ from ..spec import ClusterDef, ClusterShape, TaskName
 #: Memory one task costs before any was measured (PSS of a task here: about 0.18 GB).
 TASK_BYTES = 200 * 2**20
 #: What one more task costs in a process it shares (``processes=``): its server, its variables
-#: and placed functions after a run (``python bench/memory.py --processes``)
-SHARED_TASK_BYTES = 60 * 2**20
+#: and placed functions after a run (``python bench/memory.py --processes``: about 25-30 MB with
+#: one serving thread a server, ``_native/servethreads.c``; about 60 MB with TensorFlow's 8)
+SHARED_TASK_BYTES = 32 * 2**20
 
 #: ``progress(task, stage, detail)`` is called as tasks come up.
 Progress = Callable[[str, str, str], None]

@@ -334,7 +334,7 @@ class Lab:
     def fits(self, tasks: int, processes: int | str | None = None) -> tuple[bool, str]:
         """Whether a cluster of ``tasks`` tasks (in ``processes`` processes) stays under the memory
         limit, and the arithmetic. A process costs what one task's process measured here (or
-        200 MB); each further task sharing it about 60 MB after a run
+        200 MB); each further task sharing it about 32 MB after a run
         (:data:`tfmagic.cluster.taskset.SHARED_TASK_BYTES`, ``bench/memory.py``)."""
         from ..cluster.taskset import SHARED_TASK_BYTES
         from ..launchers.local import process_sizes

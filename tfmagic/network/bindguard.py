@@ -61,6 +61,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 SOURCE = Path(__file__).parents[1] / "_native" / "bindhost.c"
+#: The library's sources: the bind guard, and the serving threads of TensorFlow's worker service
+#: (``_native/servethreads.c``: a task's server holds about 41 MB with TensorFlow's 8, 7.7 with one),
+#: which rides in the same preload because every task gets this one already.
+SOURCES = (SOURCE, SOURCE.with_name("servethreads.c"))
 
 #: Compiler flags; part of the cache key, so changing them rebuilds.
 CFLAGS = ("-shared", "-fPIC", "-O2", "-pthread")
@@ -92,6 +96,11 @@ def cache_dir() -> Path:
         return Path(base)
     xdg = os.environ.get("XDG_CACHE_HOME")
     return Path(xdg) / "tfmagic" if xdg else Path.home() / ".cache" / "tfmagic"
+
+
+def source_text() -> str:
+    """The library's sources, as its cache key reads them."""
+    return "".join(path.read_text() for path in SOURCES)
 
 
 def library_key(source_text: str) -> str:
@@ -217,7 +226,7 @@ def _build(directory: str) -> tuple[str | None, str]:
             f"keeping task servers on loopback needs Linux (this is {platform.system()}), {_UNGUARDED}",
         )
     try:
-        text = SOURCE.read_text()
+        text = source_text()
     except OSError as exc:
         return None, f"the bind library's source is missing ({exc}), {_UNGUARDED}; reinstall tfmagic"
     where = Path(directory)
@@ -241,7 +250,7 @@ def _build(directory: str) -> tuple[str | None, str]:
         fd, tmp = tempfile.mkstemp(prefix=".bindhost-", suffix=".so", dir=target.parent)
         os.close(fd)
         proc = subprocess.run(
-            [*cc, *CFLAGS, "-o", tmp, str(SOURCE), *LIBS],
+            [*cc, *CFLAGS, "-o", tmp, *map(str, SOURCES), *LIBS],
             capture_output=True,
             text=True,
             timeout=COMPILE_TIMEOUT,
@@ -353,3 +362,25 @@ def own_peers_this_process(match: str = "/tensorflow/") -> int:
     fn.argtypes = [ctypes.c_char_p]
     fn.restype = ctypes.c_int
     return max(0, fn(match.encode()))
+
+
+def serving_threads_this_process(threads: int, match: str = "/tensorflow/") -> int:
+    """TensorFlow servers this process starts from now on serve with ``threads`` threads (see
+    ``_native/servethreads.c``); returns how many entries of the libraries under ``match`` now
+    point at the library's wrapper (0: none could, and servers keep TensorFlow's 8).
+
+    The running process's counterpart of ``TFMAGIC_SERVING_THREADS`` in a task's environment: the
+    notebook kernel's own server (it becomes one on its first connection) then holds about 33 MB less.
+    """
+    import ctypes
+
+    guard = bind_guard()
+    if not guard.available:
+        return 0
+    try:
+        fn = ctypes.CDLL(guard.library).tfmagic_serving_threads_loaded
+    except (OSError, AttributeError):
+        return 0
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return max(0, fn(match.encode(), int(threads)))

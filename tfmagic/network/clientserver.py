@@ -37,7 +37,13 @@ LOOPBACK = "127.0.0.1"
 #: within the noise (``python bench/grpc_queues.py``).  Not the client: set in the kernel as it
 #: connects (any value), reads of a ps's variables after a worker was removed failed with "Socket
 #: closed" (8 runs of 8; 0 of 6 without it); the kernel keeps TensorFlow's default.
-GRPC_ENV = {"TF_GRPC_WORKER_CACHE_QUEUES": os.environ.get("TF_GRPC_WORKER_CACHE_QUEUES", "4")}
+#: And each server's worker service serves with ``TFMAGIC_SERVING_THREADS`` threads instead of
+#: TensorFlow's 8, through the bind library that every task preloads (``_native/servethreads.c``):
+#: the calls those threads post before any arrives were most of a task's memory.
+GRPC_ENV = {
+    "TF_GRPC_WORKER_CACHE_QUEUES": os.environ.get("TF_GRPC_WORKER_CACHE_QUEUES", "4"),
+    "TFMAGIC_SERVING_THREADS": os.environ.get("TFMAGIC_SERVING_THREADS", "1"),
+}
 
 _lock = threading.Lock()
 
@@ -72,6 +78,15 @@ def keep_local() -> bool:
         _state.reason = reason
         _state.own_peers = _state.guarded and own_peers_this_process() > 0
         return _state.guarded
+
+
+def serve_lightly() -> int:
+    """The TensorFlow server this process starts on its first connection serves with the tasks'
+    threads (``GRPC_ENV``), not TensorFlow's 8; returns how many library entries changed (0: none
+    could, and the server is TensorFlow's own, about 33 MB heavier).  Call before that connection."""
+    from .bindguard import serving_threads_this_process
+
+    return serving_threads_this_process(int(GRPC_ENV["TFMAGIC_SERVING_THREADS"]))
 
 
 def is_loopback(host: str) -> bool:

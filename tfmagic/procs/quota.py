@@ -9,7 +9,7 @@ line, nothing started, what would go over:
 
 * ``TFMAGIC_MAX_TASKS``: task processes (ps, workers, a shared process's tasks each count);
 * ``TFMAGIC_MAX_MEMORY``: bytes (``"3 GB"``, ``"3GiB"``), the tasks' PSS now plus an estimate of
-  the new ones (200 MB a task, 60 MB a task sharing a process);
+  the new ones (200 MB a task, 32 MB a task sharing a process);
 * ``TFMAGIC_LIMITS_SET_BY``: who set them, for the message ("your hub's admin").
 
 A malformed value is one line naming the variable, and no start goes ahead until it is fixed: a
