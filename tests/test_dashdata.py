@@ -375,3 +375,44 @@ def test_a_finished_runs_frame_fits_its_axes_and_close_events_share_a_label():
     assert 120 <= loss.get_xlim()[1] <= 125, loss.get_xlim()
     labels = [a.get_text() for a in dash.frame.ax["tp"].texts]
     assert "worker:1 kill; worker:1 restart" in labels, labels
+
+
+@pytest.mark.unit
+def test_a_dashboard_of_32_workers_summarises_them_and_reads_without_help():
+    """32 workers as 32 lines in ten colours read as none: past 8 the throughput plot shows the fastest,
+    median and slowest worker and names the slowest; the Gantt strip keeps every row and names at most 8.
+    Synthetic steps (no cluster), drawn by the real dashboard, read by figcheck as any picture is."""
+    import time
+
+    from tfmagic import figcheck
+    from tfmagic.dashboard import Dashboard
+
+    h = History("async")
+    dash = Dashboard(
+        runs=[h], refresh=0.2, window=10.0
+    )  # long: drawing late on a busy machine keeps the ratio
+    now = time.time()
+    step = 0
+    for w in range(32):  # worker:17 is four times slower
+        every = 0.4 if w == 17 else 0.1
+        t = now - 20.0
+        while t < now:
+            h.add_step(StepRecord(f"worker:{w}", step, t, t + every * 0.9, 1.0, mode="async", examples=32))
+            step += 1
+            t += every
+    for _ in range(3):
+        dash.draw()
+    tp = {key for key in dash.frame.lines if key[0].startswith("tp")}
+    assert tp == {("tp", "fastest"), ("tp", "median"), ("tp", "slowest"), ("tp+", "band"), ("tp+", "who")}, tp
+    who = dash.frame.lines[("tp+", "who")].get_text()
+    assert who.startswith("32 workers; slowest now: worker:17"), who
+    slow, median = (
+        dash.frame.lines[("tp", "slowest")].get_ydata(),
+        dash.frame.lines[("tp", "median")].get_ydata(),
+    )
+    assert 3.0 < median[-1] / slow[-1] < 5.0, (median[-1], slow[-1])  # the x4 worker, at its rate
+    names = [t.get_text() for t in dash.frame.ax["gantt"].get_yticklabels()]
+    # counted as a reader counts (not sorted as text), every row drawn, at most 8 named
+    assert 2 <= len(names) <= 8 and names[0] == "0" and names[-1] == "31", names
+    assert dash.frame.ax["gantt"].get_ylabel() == "worker"
+    figcheck.require(dash.figure, "the dashboard of 32 workers")

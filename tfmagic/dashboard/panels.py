@@ -60,8 +60,66 @@ def warmups(view) -> list[tuple[float, float]]:
     return out
 
 
+#: more workers than this and the throughput plot summarises them (32 lines in ten colours read as none)
+MANY = 8
+#: the summary's lines: (key, label, colour, width)
+SUMMARY = (
+    ("fastest", "fastest worker", "#2ca02c", 1.0),
+    ("median", "median worker", "#1f77b4", 1.8),
+    ("slowest", "slowest worker", "#d62728", 1.0),
+)
+
+
+def task_order(task: str) -> tuple:
+    """Tasks as a reader counts them: worker:2 before worker:10.
+
+    >>> sorted(["worker:10", "ps:0", "worker:2"], key=task_order)
+    ['ps:0', 'worker:2', 'worker:10']
+    """
+    job, _, index = task.partition(":")
+    return (job, int(index)) if index.isdigit() else (job, -1, index)
+
+
+def spread(series: list, at: float):
+    """Per instant, the slowest, median and fastest of the workers' rates: ``(xs, lo, mid, hi)``.
+
+    Each worker's series is read on the longest one's instants (a worker added later has none
+    before it began: it counts from there).
+
+    >>> from tfmagic.dashdata import DownsampledSeries
+    >>> a, b = DownsampledSeries(), DownsampledSeries()
+    >>> for t in range(4):
+    ...     a.append(t, 2.0)
+    ...     if t >= 2:
+    ...         b.append(t, 4.0)
+    >>> xs, lo, mid, hi = spread([a, b], at=0.0)
+    >>> list(xs), list(lo), list(hi)
+    ([0.0, 1.0, 2.0, 3.0], [2.0, 2.0, 2.0, 2.0], [2.0, 2.0, 4.0, 4.0])
+    """
+    import warnings
+
+    import numpy as np
+
+    grid = np.asarray(max(series, key=len).xs, dtype=float)
+    rows = np.array(
+        [
+            np.interp(grid, s.xs, s.ys, left=np.nan, right=np.nan)
+            if len(s.xs)
+            else np.full(len(grid), np.nan)
+            for s in series
+        ]
+    )
+    with warnings.catch_warnings():  # an instant no worker had reached yet
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return grid - at, np.nanmin(rows, 0), np.nanmedian(rows, 0), np.nanmax(rows, 0)
+
+
 class Throughput:
-    """Each worker's steps per second over the last ``window`` seconds (warm-up shaded apart)."""
+    """Each worker's steps per second over the last ``window`` seconds (warm-up shaded apart).
+
+    Up to :data:`MANY` workers a line each; more, and the plot shows the fastest, the median and
+    the slowest worker at each instant, the band between them, and which worker is slowest now.
+    """
 
     key = "tp"
 
@@ -74,10 +132,49 @@ class Throughput:
         ax.yaxis.set_major_locator(MaxNLocator(5))
 
     def draw(self, frame: Frame, view, at: float) -> None:
-        for i, (task, series) in enumerate(sorted(view.throughput.items())):
-            frame.line(("tp", task), frame.ax["tp"], color=f"C{i}", label=task, lw=1.5).set_data(
-                [x - at for x in series.xs], series.ys
-            )
+        items = sorted(view.throughput.items())
+        many = len(items) > MANY
+        # the summary's lines are ("tp", key) as the workers' are (the axis limits read them); its band
+        # and text are ("tp+", key)
+        summary = {key for key, *_ in SUMMARY}
+        stale = [
+            k
+            for k in frame.lines
+            if (k[0] == "tp" and (k[1] in summary) != many) or (k[0] == "tp+" and not many)
+        ]
+        for key in stale:  # the cluster grew past MANY workers, or shrank back
+            frame.lines.pop(key).remove()
+            frame.background = None
+        if not many:
+            for i, (task, series) in enumerate(items):
+                frame.line(("tp", task), frame.ax["tp"], color=f"C{i}", label=task, lw=1.5).set_data(
+                    [x - at for x in series.xs], series.ys
+                )
+            return
+        self.draw_many(frame, items, at)
+
+    @staticmethod
+    def draw_many(frame: Frame, items: list, at: float) -> None:
+        from matplotlib.patches import Polygon
+
+        ax = frame.ax["tp"]
+        xs, lo, mid, hi = spread([s for _, s in items], at)
+        for (key, label, color, width), ys in zip(SUMMARY, (hi, mid, lo), strict=True):
+            frame.line(("tp", key), ax, color=color, label=label, lw=width).set_data(xs, ys)
+        band = frame.artist(
+            ("tp+", "band"),
+            lambda: ax.add_patch(Polygon([[0, 0]], closed=True, color="#1f77b4", alpha=0.15, lw=0)),
+        )
+        keep = [i for i in range(len(xs)) if lo[i] == lo[i]]  # not NaN
+        band.set_xy([(xs[i], hi[i]) for i in keep] + [(xs[i], lo[i]) for i in reversed(keep)] or [(0.0, 0.0)])
+        who = frame.artist(
+            ("tp+", "who"),
+            lambda: ax.text(0.99, 0.97, "", transform=ax.transAxes, ha="right", va="top", fontsize=7),
+        )
+        latest = [(s.ys[-1], task) for task, s in items if len(s.ys)]
+        if latest:
+            rate, task = min(latest)
+            who.set_text(f"{len(items)} workers; slowest now: {task} ({rate:.2g} steps/s)")
 
 
 class Losses:
@@ -199,7 +296,7 @@ class Gantt:
 
         ax = frame.ax["gantt"]
         name, t0, t1, rows = self.window(view)
-        tasks = sorted(rows)
+        tasks = sorted(rows, key=task_order)
         verts: dict[str, list] = {k: [] for k in SEGMENT_COLORS}
         for y, task in enumerate(tasks):
             for kind, a, b in rows[task]:
@@ -221,8 +318,20 @@ class Gantt:
         changed = False
         if (tasks, name) != self.rows:
             self.rows = (tasks, name)
-            ax.set_yticks(range(len(tasks)), tasks)
-            ax.set_ylim(len(tasks) - 0.5, -1.3)  # a band on top for the legend
+            # every row drawn, at most MANY named (32 names in the strip's height would overlap)
+            every = max(1, math.ceil(len(tasks) / MANY))
+            named = [i for i in range(len(tasks)) if i % every == 0 or i == len(tasks) - 1]
+            if len(named) > 1 and named[-1] - named[-2] < every:
+                named.pop(-2)  # the last row is named; the one just before it then would crowd it
+            if len(tasks) > MANY and all(t.startswith("worker:") for t in tasks):
+                # "worker:17" nine times over is wider than the strip's margin: the numbers, and the job once
+                ax.set_yticks(named, [tasks[i].partition(":")[2] for i in named])
+                ax.set_ylabel("worker", fontsize=8, labelpad=1)
+            else:
+                ax.set_yticks(named, [tasks[i] for i in named])
+                ax.set_ylabel("task", fontsize=8, labelpad=1)
+            # a band on top for the legend, about a sixth of the strip (the bars are drawn over it)
+            ax.set_ylim(len(tasks) - 0.5, -0.5 - max(0.8, 0.2 * len(tasks)))
             ax.set_title(
                 (f"{name}: " if name else "")
                 + f"each worker's last {view.gantt_steps} steps (busy, waiting for the others, dropped)",
