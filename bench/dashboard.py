@@ -9,6 +9,7 @@ the CPU the dashboard's thread used per second of training (a figure the
 machine's noise does not move much, unlike the ratio).
 
     python bench/dashboard.py [--rounds 10] [--steps 1500] [--traffic on|off] [--budget 0.04]
+    python bench/dashboard.py --workers 32 --processes auto   # the summarised plots of many workers
 """
 
 from __future__ import annotations
@@ -49,7 +50,14 @@ def main() -> None:
         help="the dashboard's traffic panel (its meter samples ss)",
     )
     parser.add_argument("--budget", type=float, default=dashboard.BUDGET, help="the dashboard's CPU budget")
+    parser.add_argument("--workers", type=int, default=2, help="past 8 the plots summarise the workers")
+    parser.add_argument("--processes", default=None, help="tasks sharing processes: a number or auto")
     args = parser.parse_args()
+    shared = (
+        {}
+        if args.processes is None
+        else {"processes": int(args.processes) if args.processes.isdigit() else args.processes}
+    )
     rates: dict[str, list[float]] = {arm: [] for arm in ARMS}
     draws, frames, full, cpu, intervals = [], [], [], [], []
     update = Dashboard.update
@@ -61,7 +69,7 @@ def main() -> None:
 
     Dashboard.update = timed_update
     model = Digits()
-    with tfmagic.LocalCluster(ps=1, workers=2, spares=False) as cluster:
+    with tfmagic.LocalCluster(ps=1, workers=args.workers, spares=False, **shared) as cluster:
         tfmagic.train(cluster, mode="async", model=model, steps=100)  # warm up connections and tracing
         for i in range(args.rounds):
             # the arms in a rotating order, so drift on a noisy machine favours none of them
@@ -103,7 +111,7 @@ def main() -> None:
     b, old = statistics.median(rates["now"]), statistics.median(rates["before"])
     print(
         f"ratio with / without dashboard: {b / a:.2f}  (aim >= 0.95; traffic panel {args.traffic},"
-        f" budget {args.budget:.0%}); the dashboard as it was: {old / a:.2f}"
+        f" budget {args.budget:.0%}, {args.workers} workers); the dashboard as it was: {old / a:.2f}"
     )
     print(f"frames drawn per run          : {frames}; last spacing {intervals} s (asked 0.5 s)")
     print(

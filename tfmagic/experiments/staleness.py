@@ -3,8 +3,8 @@
 With N workers at the same pace, between one worker's read of the parameters
 and its update the other N - 1 workers each apply about one update.  Measured
 on paced clusters of 2 and 4 workers (a process each), then 8, 16 and 32 whose
-tasks share processes (``processes="auto"``: a process costs about 0.2 GB, a
-further task in it about 0.06 GB), each where it fits the 2 GB an experiment
+tasks share processes (``processes="auto"``: a process costs about 0.1-0.16 GB,
+a further task in it about 0.03 GB), each where it fits the 2 GB an experiment
 may use (the result says which size was skipped and the arithmetic).  From 8
 workers the pace grows with N so the cluster asks this machine for at most
 ``RATE`` updates a second: the kernel makes every call, and the staleness is

@@ -1,6 +1,6 @@
 """One process hosting several tasks (``processes=``): a runtime per task, each on a channel of its own.
 
-A classroom machine or Binder's 2 GB cannot hold 34 task processes (about 0.2 GB each); TensorFlow
+A classroom machine or Binder's 2 GB cannot hold 34 task processes (about 0.1 GB each); TensorFlow
 can hold many servers in one process (its own multi-worker tests build clusters that way), each a
 real gRPC server with its own address, devices and variables. The owner starts this process with
 one pair of pipes per task (``TFMAGIC_CHANNELS``: ``ops:events`` descriptors, comma separated) and
