@@ -8,6 +8,7 @@ processes are checked afterwards for anything left behind.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import tempfile
 import time
@@ -110,6 +111,31 @@ _NICED = False
 LANES_DIR = os.environ.setdefault(
     "TFMAGIC_TEST_LANES", os.path.join(tempfile.gettempdir(), f"tfmagic-lanes-{os.getpid()}")
 )
+
+
+def chromium_at_lane_priority(chromium: str) -> str:
+    """The Chromium to launch: one that keeps the priority of the lane that starts it.
+
+    Run as root, Chromium lowers its browser and GPU processes' niceness to -8 and its zygotes' to 0
+    whatever it inherited (measured: launched from a niceness-19 process). A niced lane's live
+    dashboard pages then ran above the timed lane's paced clusters: two clean-clone runs missed a
+    pace while test_browser's pages refreshed. Without CAP_SYS_NICE it cannot (``setpriv`` drops it;
+    where that fails, Chromium starts as it is).
+    """
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        return chromium
+    wrapper = os.path.join(tempfile.gettempdir(), f"tfmagic-chromium-{os.getpid()}.sh")
+    if not os.path.exists(wrapper):
+        drop = "setpriv --bounding-set -sys_nice --inh-caps -sys_nice"
+        with open(wrapper + ".tmp", "w") as f:
+            f.write(
+                "#!/bin/sh\n"
+                f'{drop} true 2>/dev/null && exec {drop} -- {shlex.quote(chromium)} "$@"\n'
+                f'exec {shlex.quote(chromium)} "$@"\n'
+            )
+        os.chmod(wrapper + ".tmp", 0o700)
+        os.replace(wrapper + ".tmp", wrapper)
+    return wrapper
 
 
 def beside(own: str = "timed") -> str:

@@ -27,7 +27,7 @@ import pytest
 from tfmagic.errors import BadArgument
 from tfmagic.network.ports import free_port
 
-from .conftest import assert_gone, poll_for, ran_again
+from .conftest import assert_gone, chromium_at_lane_priority, poll_for, ran_again
 from .hubhost import Hub, available
 from .jupyterutil import Kernel
 
@@ -98,7 +98,11 @@ def teacher_page(hub):
     from playwright.sync_api import sync_playwright
 
     pw = sync_playwright().start()
-    browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox"], headless=True)
+    browser = pw.chromium.launch(
+        executable_path=chromium_at_lane_priority(CHROMIUM),
+        args=["--headless", "--no-sandbox"],
+        headless=True,
+    )
     try:
         page = browser.new_page(viewport={"width": 1300, "height": 1000})
         page.goto(f"{hub.url}hub/login?next=/services/tfmagic/")

@@ -27,7 +27,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from .conftest import assert_gone, poll_for
+from .conftest import assert_gone, chromium_at_lane_priority, poll_for
 from .jupyterutil import JupyterServer, Kernel
 
 pytestmark = [pytest.mark.server, pytest.mark.kernel, pytest.mark.cluster]
@@ -154,7 +154,9 @@ def _browser():
     from playwright.sync_api import sync_playwright
 
     pw = sync_playwright().start()
-    return pw, pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+    return pw, pw.chromium.launch(
+        executable_path=chromium_at_lane_priority(CHROMIUM), args=FLAGS, headless=True
+    )
 
 
 @pytest.fixture(scope="module")
