@@ -138,6 +138,11 @@ def chromium_at_lane_priority(chromium: str) -> str:
     return wrapper
 
 
+def load_per_core() -> float:
+    """The machine's load (runnable processes, last minute) per core: what a timed miss is judged by."""
+    return os.getloadavg()[0] / (os.cpu_count() or 1)
+
+
 def beside(own: str = "timed") -> str:
     """What the other lanes were running (their current tests), for a timed check that missed."""
     found = []
@@ -152,11 +157,9 @@ def ran_again(what: str, why: str) -> None:
     """Say, in the test summary and ``test-artifacts/reruns.log``, that a timed check a loaded run
     missed ran once more (what a lesson tells a student: the machine was busy, run it again). A test
     that passes on its second run must not hide its first: the load and the other lane's test are kept."""
-    import time
     import warnings
 
-    load = os.getloadavg()[0] / (os.cpu_count() or 1)
-    line = f"{what}: did not hold (load {load:.1f} per core; {beside()}) and ran again: {why}"
+    line = f"{what}: did not hold (load {load_per_core():.1f} per core; {beside()}) and ran again: {why}"
     os.makedirs(os.path.join(ROOT, "test-artifacts"), exist_ok=True)
     with open(os.path.join(ROOT, "test-artifacts", "reruns.log"), "a") as log:
         log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n")

@@ -12,7 +12,7 @@ import pytest
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, DeadKernelError
 
-from .conftest import assert_gone, beside, task_processes
+from .conftest import assert_gone, beside, load_per_core, task_processes
 from .kernelutil import KernelAborted, aborted, kernel_log_of, plain, record_abort, why_it_died
 
 pytestmark = [pytest.mark.notebook, pytest.mark.cluster]
@@ -63,9 +63,8 @@ def execute(
             if "LessonCheckFailed" not in str(second) or LESSON_HELD_BACK not in str(second):
                 raise
             held_back = [ln.strip() for ln in plain(str(second)).splitlines() if LESSON_HELD_BACK in ln]
-            load = os.getloadavg()[0] / (os.cpu_count() or 1)
             pytest.fail(
-                f"{name}: a lesson check did not hold twice (load {load:.1f} per core; {beside()}): "
+                f"{name}: a lesson check did not hold twice (load {load_per_core():.1f} per core; {beside()}): "
                 + (held_back[-1] if held_back else str(second)[-2000:]),
                 pytrace=False,
             )
@@ -96,7 +95,7 @@ def record_lesson_rerun(name: str, why: str) -> None:
         for line in plain(why).splitlines()
         if LESSON_HELD_BACK in line and "LessonCheckFailed" not in line
     ]
-    load = os.getloadavg()[0] / (os.cpu_count() or 1)
+    load = load_per_core()
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with open(ARTIFACTS / "lesson-reruns.log", "a") as log:
         log.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {name} (load {load:.1f} per core; {beside()})\n")

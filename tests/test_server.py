@@ -27,7 +27,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from .conftest import assert_gone, chromium_at_lane_priority, poll_for
+from .conftest import assert_gone, chromium_at_lane_priority, load_per_core, poll_for
 from .jupyterutil import JupyterServer, Kernel
 
 pytestmark = [pytest.mark.server, pytest.mark.kernel, pytest.mark.cluster]
@@ -246,7 +246,7 @@ def test_the_dashboard_page_is_live_while_the_kernel_trains(server, trained, pag
     first = shot()
     page.wait_for_timeout(5000)
     last = shot()
-    load = os.getloadavg()[0] / (os.cpu_count() or 1)
+    load = load_per_core()
     if load >= 3:
         # A starved machine (this lane runs at niceness 19 beside a lesson): the page must still be
         # live, so watch until it has shown three new frames, for at most a minute.

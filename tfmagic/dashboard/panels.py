@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from ..dashdata import MAJOR, Mark
 from ..plots import COLORS, SEGMENT_COLORS, SEGMENT_LABELS, X_AXES
+from ..spec import TaskName
 
 if TYPE_CHECKING:
     from .frame import Frame
@@ -68,16 +69,6 @@ SUMMARY = (
     ("median", "median worker", "#1f77b4", 1.8),
     ("slowest", "slowest worker", "#d62728", 1.0),
 )
-
-
-def task_order(task: str) -> tuple:
-    """Tasks as a reader counts them: worker:2 before worker:10.
-
-    >>> sorted(["worker:10", "ps:0", "worker:2"], key=task_order)
-    ['ps:0', 'worker:2', 'worker:10']
-    """
-    job, _, index = task.partition(":")
-    return (job, int(index)) if index.isdigit() else (job, -1, index)
 
 
 def spread(series: list, at: float):
@@ -296,7 +287,7 @@ class Gantt:
 
         ax = frame.ax["gantt"]
         name, t0, t1, rows = self.window(view)
-        tasks = sorted(rows, key=task_order)
+        tasks = sorted(rows, key=TaskName.parse)  # the cluster's order: worker:2 before worker:10
         verts: dict[str, list] = {k: [] for k in SEGMENT_COLORS}
         for y, task in enumerate(tasks):
             for kind, a, b in rows[task]:

@@ -310,6 +310,17 @@ def bind_guard(host: str = "127.0.0.1", base_env: Mapping[str, str] | None = Non
     return BindGuard(True, env=env, library=library)
 
 
+def _loaded(library: str, name: str, *argtypes):
+    """The bind library's function ``name``, loaded into this process and typed to return an int
+    (OSError or AttributeError when it cannot be: a library that does not load, an old build)."""
+    import ctypes
+
+    fn = getattr(ctypes.CDLL(library), name)
+    fn.argtypes = list(argtypes)
+    fn.restype = ctypes.c_int
+    return fn
+
+
 def guard_this_process(host: str = "127.0.0.1", match: str = "/tensorflow/") -> tuple[int, str]:
     """Rewrite wildcard binds of the libraries already loaded in this process whose path contains
     ``match`` (TensorFlow's own) to ``host``; returns (entries changed, reason when none).
@@ -325,12 +336,9 @@ def guard_this_process(host: str = "127.0.0.1", match: str = "/tensorflow/") -> 
     if not guard.available:
         return 0, guard.reason.replace(_UNGUARDED, mine)
     try:
-        lib = ctypes.CDLL(guard.library)
-        fn = lib.tfmagic_guard_loaded
+        fn = _loaded(guard.library, "tfmagic_guard_loaded", ctypes.c_char_p, ctypes.c_char_p)
     except (OSError, AttributeError) as exc:
         return 0, f"loading the bind library into this process failed ({exc}), {mine}"
-    fn.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
-    fn.restype = ctypes.c_int
     changed = fn(host.encode(), match.encode())
     if changed <= 0:
         return 0, f"no library under {match!r} is loaded with a bind() entry tfmagic can change, {mine}"
@@ -356,11 +364,9 @@ def own_peers_this_process(match: str = "/tensorflow/") -> int:
     if not guard.available or not peers_checkable():
         return 0
     try:
-        fn = ctypes.CDLL(guard.library).tfmagic_own_peers_loaded
+        fn = _loaded(guard.library, "tfmagic_own_peers_loaded", ctypes.c_char_p)
     except (OSError, AttributeError):
         return 0
-    fn.argtypes = [ctypes.c_char_p]
-    fn.restype = ctypes.c_int
     return max(0, fn(match.encode()))
 
 
@@ -378,9 +384,7 @@ def serving_threads_this_process(threads: int, match: str = "/tensorflow/") -> i
     if not guard.available:
         return 0
     try:
-        fn = ctypes.CDLL(guard.library).tfmagic_serving_threads_loaded
+        fn = _loaded(guard.library, "tfmagic_serving_threads_loaded", ctypes.c_char_p, ctypes.c_int)
     except (OSError, AttributeError):
         return 0
-    fn.argtypes = [ctypes.c_char_p, ctypes.c_int]
-    fn.restype = ctypes.c_int
     return max(0, fn(match.encode(), int(threads)))
