@@ -72,28 +72,34 @@ def sample(seen: dict, ticks: int) -> None:
         key = (name, fields[19])
         if key in seen:
             seen[key][1] = cpu
+            seen[key][5] = min(seen[key][5], int(fields[16]))  # the lowest it ran at
         elif cmd:
-            seen[key] = [kind(cmd), cpu, cpu, test_file(name)]  # kind, now, at first sight, test
+            # kind, now, at first sight, test, niceness, lane
+            seen[key] = [kind(cmd), cpu, cpu, *test_of(name), int(fields[16])]
 
 
-def test_file(pid: str) -> str:
-    """The test file whose test started ``pid``: pytest sets PYTEST_CURRENT_TEST, children inherit it.
+def test_of(pid: str) -> tuple[str, str]:
+    """The test file whose test started ``pid`` and its lane (tests/conftest.py's ``@timed``, ``@rest``):
+    pytest sets PYTEST_CURRENT_TEST, children inherit it.
 
     A process started by a session fixture or a warm pool counts for the test that was running when
-    it was spawned; one started outside a test (the lint, the installers) counts as "-".
+    it was spawned; one started outside a test (the lint, the installers, or a daemon's child: sshd's
+    sessions, slurmd's jobs) counts as "-".
     """
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
             env = f.read().split(b"\0")
     except OSError:
-        return "-"
+        return "-", "-"
     for entry in env:
         # kernels get the test's name as TFMAGIC_TEST_STARTED_BY (ipykernel changes its output when it
         # sees PYTEST_CURRENT_TEST, so the tests' kernel starters take that one out)
         name, _, value = entry.partition(b"=")
         if name in (b"PYTEST_CURRENT_TEST", b"TFMAGIC_TEST_STARTED_BY") and value:
-            return value.decode(errors="replace").split("::")[0].rpartition("/")[2]
-    return "-"
+            test = value.decode(errors="replace").split(" ")[0]
+            lane = test.rpartition("@")[2] if "@" in test else "-"
+            return test.split("::")[0].rpartition("/")[2], lane
+    return "-", "-"
 
 
 def main() -> int:
@@ -120,8 +126,13 @@ def main() -> int:
     by_file: collections.Counter = collections.Counter()
     tasks_by_file: collections.Counter = collections.Counter()
     kinds_by_file: dict = collections.defaultdict(collections.Counter)
-    for key, (name, now, first, where) in seen.items():
+    # CPU the timed lane competes with at its own priority: anything not of that lane that ran at a
+    # niceness under the rest lane's (a daemon's child, a browser that raised itself, the installers)
+    unniced: collections.Counter = collections.Counter()
+    for key, (name, now, first, where, lane, nice) in seen.items():
         spent = now - first if key in before else now
+        if lane != "timed" and nice < 19 and name not in ("pytest", "pytest worker (xdist)"):
+            unniced[(name, where, nice)] += spent
         cpu[name] += spent
         count[name] += key not in before
         by_file[where] += spent
@@ -141,10 +152,15 @@ def main() -> int:
     for where, spent in by_file.most_common(args.top):
         parts = ", ".join(f"{k} {v:.0f}" for k, v in kinds_by_file[where].most_common(3) if v >= 1)
         print(f"{where:32s} {tasks_by_file[where]:6d} {spent:8.0f} {spent / total:6.0%}  {parts}")
+    print("\nCPU beside the timed lane at a niceness under 19 (kind, started by, niceness)")
+    for (name, where, nice), spent in unniced.most_common(args.top):
+        if spent >= 1:
+            print(f"  {name:24s} {where:32s} {nice:4d} {spent:8.0f}")
     if args.json:
         figures = {"wall": wall, "cpu": dict(cpu), "started": dict(count), "by_file": dict(by_file)}
         figures["tasks_by_file"] = dict(tasks_by_file)
         figures["kinds_by_file"] = {k: dict(v) for k, v in kinds_by_file.items()}
+        figures["unniced"] = [[*k, v] for k, v in unniced.most_common() if v >= 1]
         with open(args.json, "w") as f:
             json.dump(figures, f, indent=1)
     return child.returncode

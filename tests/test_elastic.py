@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import time
 
 import pytest
 
-from .conftest import assert_gone, poll_for, share, task_processes
+from .conftest import assert_gone, beside, cpu_of, load_per_core, poll_for, share, task_processes
 
 pytestmark = pytest.mark.cluster
 
@@ -333,10 +334,15 @@ def test_twenty_add_remove_cycles_during_async_leave_no_orphan_and_lose_no_updat
             n = _applied(run.history, "worker:2")
             poll_for(
                 # its first step traces the step's functions for it: at niceness 19 beside a lesson
-                # (the rest lane) that took more than 30 s once, in a clean-clone run
+                # (the rest lane) that took more than 30 s once, in a clean-clone run, and once none
+                # came in 120 s at cycle 3 (the failure now says whether the processes were starved)
                 lambda n=n: _applied(run.history, "worker:2") > n,
-                120,
-                what=f"worker:2's update, cycle {cycle}",
+                240,
+                what=lambda cycle=cycle, pid=pid: (
+                    f"worker:2's update, cycle {cycle}: load {load_per_core():.1f} per core ({beside('rest')}); "
+                    f"the task's {cpu_of(pid)}, the client's {cpu_of(os.getpid())}; the doctor: "
+                    + str(cluster.why()).replace("\n", " | ")
+                ),
             )
             cluster.remove("worker:2", drain=cycle % 2 == 0)
             ended.append(pid)

@@ -12,7 +12,7 @@ from tfmagic.training import KerasModel, TrainingError, TrainingRun
 from tfmagic.training.models import Digits, Linear
 from tfmagic.training.optimizers import Optimizer
 
-from .conftest import SHARED, assert_gone, poll_for, share
+from .conftest import SHARED, assert_gone, kept_pace, poll_for, share
 
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("no_leaks")]
 
@@ -180,7 +180,7 @@ def test_paced_async_makes_updates_at_the_modelled_rate(paced3):
     machine, instead of lengthening every step (async ran 4-6 % slower than its model before)."""
     paced3.pace.base = 0.1
     try:
-        h = tfmagic.train(paced3, "async", model="linear", steps=240)
+        h = kept_pace("paced async's rate", lambda: tfmagic.train(paced3, "async", model="linear", steps=240))
     finally:
         paced3.pace.base = 0.04
     assert not [n for n in h.notes if "could not keep" in n], h.notes
@@ -259,7 +259,10 @@ def test_async_staleness_grows_for_a_slowed_worker(paced3):
     paced3.pace.base = 0.08
     paced3.slow("worker:2", 4)
     try:
-        h = tfmagic.train(paced3, mode="async", model="linear", steps=240, lr=0.05)
+        h = kept_pace(
+            "async staleness of a slowed worker",
+            lambda: tfmagic.train(paced3, mode="async", model="linear", steps=240, lr=0.05),
+        )
     finally:
         paced3.slow("worker:2", 1)
         paced3.pace.base = 0.04
