@@ -28,7 +28,7 @@ from tfmagic.network import traffic
 from tfmagic.network.ports import free_port
 from tfmagic.network.shaper import BadNet, LinkModel
 
-from .conftest import SHARED, assert_gone, poll_for, share
+from .conftest import SHARED, assert_gone, poll_for, share, task_processes
 
 #: the tolerance of the existing card tests (tests/test_inside.py): measured within [0.85, 1.6] x model
 LOW, HIGH = 0.85, 1.6
@@ -796,3 +796,44 @@ def test_adding_a_task_the_network_would_shape_is_refused_in_one_line():
         assert c.shape.workers == 2
         pids = [c.shaper.pid, *(p.pid for p in c.procs.values())]
     assert_gone(pids)  # (not no_leaks: this module's shared cluster has a relay of its own)
+
+
+@pytest.mark.cluster
+def test_a_paced_async_step_on_a_modelled_card_is_its_transfers_plus_the_pace_in_shared_processes(no_leaks):
+    """Issue 23: the ps's card on a cluster whose tasks share a process, and paced async on it. A step
+    reads 41.6 kB of parameters through a 2 Mbit/s card (0.166 s), computes for the 200 ms pace and
+    sends its gradient back the same way (the card counts about 7 kB of it: TensorFlow computes the
+    tables' L2 gradient beside them, on the ps). Two workers then make 2 / (0.2 s + the card's time
+    for the bytes of one update) updates a second. Before, the transfers counted inside the pace, every
+    call outlasted it, and the run said the machine could not keep it."""
+    import tfmagic
+    from tfmagic.experiments.ps_bottleneck import Ballast
+
+    with tfmagic.LocalCluster(
+        ps=1, workers=2, spares=False, processes=1, pace="200ms", net="ps:* rate=2mbit", name="cardshared"
+    ) as c:
+        assert len({p.pid for p in c.procs.values()}) == 1, "the three tasks share one process"
+        h = tfmagic.train(c, "async", steps=40, model=Ballast(seed=0, blocks=2, block=5_200), lr=0.05)
+        (card,) = c.net().rows
+    assert h.error is None, h.error
+    assert not [n for n in h.notes if "could not keep" in n], h.notes
+    per_update = (card["to_task"] + card["from_task"]) / h.steps  # the variables' first copy included
+    assert per_update > 41_600, (card, h.steps)  # the parameters, at least, cross it every step
+    card_s = per_update * 8 / 2e6
+    model = 2 / (0.2 + card_s)
+    assert abs(h.updates_per_s() / model - 1) < 0.15, (h.updates_per_s(), model, card)
+    recs = [r for r in h.records if not r.warmup]
+    assert min(r.paced for r in recs) > 0.2 + 41_600 * 8 / 2e6, "a step's modelled time holds its transfers"
+
+
+@pytest.mark.cluster
+def test_a_link_rule_on_shared_processes_is_refused_in_one_line_and_leaves_nothing(no_leaks):
+    """The relay tells a connection's source task by its process; tasks sharing one cannot be told apart."""
+    import tfmagic
+
+    before = set(task_processes())
+    c = tfmagic.LocalCluster(ps=1, workers=2, spares=False, processes=1, net="worker:0->ps:0 rate=1mbit")
+    with pytest.raises(BadNet, match="share processes") as err:
+        c.start()
+    assert "\n" not in str(err.value) and "cards instead" in str(err.value)
+    poll_for(lambda: not (set(task_processes()) - before), 15, what="no task left by the refused start")

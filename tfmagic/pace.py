@@ -16,6 +16,11 @@ The training engine waits out the rest of each step on the worker's behalf,
 so sync updates are paced by the slowest worker exactly as on separate
 machines, and async throughput adds up over workers.
 
+On a modelled network (``net=``) a paced async step is its reading of the
+parameters, the modelled computation and its applying of the gradient: the
+links' times come on top of the pace, so a ps card that is full queues the
+transfers and the steps lengthen, as between machines (``bench/ps_scaling.py``). Paced sync counts its call, network included, inside the pace.
+
 Only tfmagic's training engine is paced; ``%%tf_px`` programs and other
 clients of the cluster see the processes' real speed (``slow`` on a paced
 cluster changes the modelled speed, not the process).

@@ -72,8 +72,18 @@ class ClusterNetwork:
         shaped = [t for t in tasks if self.shaped(t) is not None]
         if not shaped:
             return
-        if not self.launcher.makes_spares:  # only local launchers make spares; the relay is local too
+        if self.launcher.name != "local":  # the relay is a local process, in front of local ports
             raise netshape.BadNet("a modelled network (--net) works on local clusters only")
+        if getattr(self.launcher, "processes", None) is not None:
+            rules = [
+                key for key in self.models if netshape.parse_target(key)[0] not in (None, netshape.KERNEL)
+            ]
+            if rules:  # the relay tells a connection's source task by its process
+                raise netshape.BadNet(
+                    f"the link rule {rules[0]!r} names its source task by the task's process, and with "
+                    'processes= tasks share processes; give the tasks cards instead ("ps:* rate=20mbit") '
+                    "or start one process per task"
+                )
         self._starting = procs
         if self.shaper is None or not self.shaper.alive:
             self.shaper = netshape.Shaper(
@@ -98,10 +108,14 @@ class ClusterNetwork:
     def sources(self) -> dict[int, str]:
         """pid -> name of every process a connection to a relay can come from (the relay's Shaper asks)."""
         found = {os.getpid(): netshape.KERNEL}
+        sharing: dict[int, list[str]] = {}
         for task, proc in list((self._taskset.procs or self._starting).items()):
             pid = getattr(proc, "task_pid", None) or proc.pid
             if pid is not None:
-                found[pid] = str(task)
+                sharing.setdefault(pid, []).append(str(task))
+        for pid, names in sharing.items():
+            # tasks sharing a process (processes=) are one source: named by the first, with the count
+            found[pid] = names[0] if len(names) == 1 else f"{names[0]} (+{len(names) - 1} in its process)"
         return found
 
     def stop(self) -> None:

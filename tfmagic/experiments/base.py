@@ -308,7 +308,7 @@ class Lab:
         from ..cluster import LocalCluster
 
         shared = f" in {processes} processes" if processes is not None else ""
-        self.progress(f"starting 1 ps + {workers} worker{'s' if workers != 1 else ''} (paced){shared}")
+        self.progress(f"starting {ps} ps + {workers} worker{'s' if workers != 1 else ''} (paced){shared}")
         before = self.memory.sample()
         cluster = LocalCluster(
             ps=ps, workers=workers, spares=False, pace=self.pace(**pace), processes=processes

@@ -235,9 +235,17 @@ class AsyncLoop:
         fn = w.fn if (self.pace is None or w.started) else w.fn_first
         with client.gate.call(self.training.who, [w.task], "an async step"), tf.device(w.task.device):
             out = fn()
-            if self.pace is not None or self.bound is not None:
+            if self.pace is not None:
+                made = out.numpy()  # (steps, seconds applying, seconds reading): paced_steps
+                w.comm = (float(made[1]), float(made[2]))
+            elif self.bound is not None:
                 out.numpy()
         return fn
+
+    def links_modelled(self) -> bool:
+        """Whether the cluster's network is modelled (``net=``): then a paced step's gradient and
+        parameters take what its links give them, beside the modelled computation."""
+        return bool(self.training.cluster.net_models)
 
     def start_time(self, unread: Unread) -> float:
         """When this step starts: now, or on a paced cluster the end of the step just waited out when
@@ -249,11 +257,15 @@ class AsyncLoop:
 
     def wait_out_pace(self, w: Worker, fn, unread: Unread, t0: float) -> bool:
         """Paced: wait out the modelled step (its gradient lands at its end); False if stopped meanwhile."""
+        # On a modelled network a step is its reading, its modelled computation and its applying: the
+        # links' times (a card that is full queues them) come on top of the pace, as on real machines;
+        # on loopback alone they are the machine's and stay inside the pace.
+        applying, reading = w.comm if self.links_modelled() else (0.0, 0.0)
         if fn is not w.fn_first:  # this call applied the step the previous call computed
-            unread.pending.append(unread.held)
+            unread.pending.append(unread.held + applying)
             w.landed = w.local_step
-        unread.held = self.pace.duration(w.task, w.local_step)
-        due = t0 + unread.held
+        unread.held = self.pace.duration(w.task, w.local_step) + reading
+        due = t0 + applying + unread.held
         late = time.time() > due  # the call itself ran past the modelled step: the next starts anew
         if self.control.stopped.wait(max(0.0, due - time.time())):
             return False
@@ -305,8 +317,9 @@ class AsyncLoop:
 
         try:
             with client.gate.call(self.training.who), tf.device(w.task.device):
-                w.fn_last().numpy()
-            pending.append(held)
+                made = w.fn_last().numpy()
+            applying = float(made[1]) if self.links_modelled() else 0.0
+            pending.append(held + applying if held is not None else None)
             w.landed = w.local_step
         except Exception:  # noqa: BLE001 - a worker lost at the very end: its last step is lost with it
             clear_executor()

@@ -129,6 +129,7 @@ class Worker:
     fn_first: Callable | None = None  # paced async: the first call (compute only) ...
     fn_last: Callable | None = None  # ... and the last one (apply only)
     started: bool = False  # paced async: a gradient is in flight
+    comm: tuple = (0.0, 0.0)  # paced async: its last call's seconds applying and reading
     device_end: float | None = None  # async: when its last recorded step ended on the worker
     warm_end: float | None = None  # when its first (warm-up) call ended
     # membership (see tfmagic.elastic): a worker that joined during the run takes part once placed
@@ -333,6 +334,11 @@ def paced_steps(model, params, take, state, counter, ring, limit, pending):
     previous call computed and *computes* the next one from the parameters
     as they are now: one call per step, at the modelled step's boundary.
     ``first`` only computes, ``last`` only applies.
+
+    Each returns (local steps made, seconds applying, seconds reading), timed
+    on the worker: on a modelled network the gradient's way to the ps and the
+    parameters' way back are the links' (a full card queues them), and the
+    engine counts them beside the modelled computation instead of inside it.
     """
     import tensorflow as tf
 
@@ -346,29 +352,37 @@ def paced_steps(model, params, take, state, counter, ring, limit, pending):
         t_read, loss, grads, t_grad = _gradient(model, variables, take, k, state)
         writes = [h.assign(g) for h, g in zip(held, grads, strict=True)]
         writes.append(meta.assign(_f64(k, loss, read, t0, t_read, t_grad)))
-        return writes
+        return writes, t0, t_read
 
     def apply_held():
         m = meta.read_value()
         grads = [h.read_value() for h in held]
         return [_count_and_apply(params, grads, limit, m[0], m[1], m[2], m[3], m[4], m[5], ring)]
 
+    def made(t_in, t_applied, t_read):
+        return _f64(counter.read_value(), t_applied - t_in, t_read - t_applied)
+
     @tf.function
     def first():
-        with tf.control_dependencies(compute()):
-            return tf.identity(counter.read_value())
+        t_in = tf.timestamp()
+        done, t0, t_read = compute()
+        with tf.control_dependencies(done):
+            return made(t_in, t0, t_read)
 
     @tf.function
     def next_step():
+        t_in = tf.timestamp()
         with tf.control_dependencies(apply_held()):
-            done = compute()
+            done, t0, t_read = compute()
         with tf.control_dependencies(done):
-            return tf.identity(counter.read_value())
+            return made(t_in, t0, t_read)
 
     @tf.function
     def last():
+        t_in = tf.timestamp()
         with tf.control_dependencies(apply_held()):
-            return tf.identity(counter.read_value())
+            t_applied = tf.timestamp()
+        return made(t_in, t_applied, t_applied)
 
     return first, next_step, last
 
