@@ -143,11 +143,66 @@ def load_per_core() -> float:
     return os.getloadavg()[0] / (os.cpu_count() or 1)
 
 
+#: a file in LANES_DIR while a lane reruns a timed check that missed: the other lanes start no new test
+QUIET = "quiet"
+#: how long a rerun waits for the other lanes to finish the test they are in
+QUIET_WAIT_S = 180.0
+
+
+def hold_other_lanes(what: str) -> None:
+    """Ask the other lanes to start no new test until this one ends, and wait (at most QUIET_WAIT_S)
+    for the test each is in to end: a rerun of a timed check that a loaded machine missed then runs on
+    an almost quiet one. The other lanes are longer by the rerun at most; the hold ends at this test's
+    teardown (:func:`pytest_runtest_teardown`)."""
+    os.makedirs(LANES_DIR, exist_ok=True)
+    with open(os.path.join(LANES_DIR, QUIET), "w") as f:
+        f.write(f"{os.getpid()} {what}")
+    deadline = time.monotonic() + QUIET_WAIT_S
+    idle = ("held", DONE)
+    while time.monotonic() < deadline and not all(
+        t.startswith(idle) for t in _other_lanes(_MY_LANE).values()
+    ):
+        time.sleep(0.5)
+
+
+#: what a lane's file says once its worker has run its last test
+DONE = "done"
+#: the lane of this process's current test (tests/conftest.py writes it in LANES_DIR)
+_MY_LANE = "timed"
+
+
+def _other_lanes(own: str) -> dict[str, str]:
+    found = {}
+    for name in sorted(os.listdir(LANES_DIR)) if os.path.isdir(LANES_DIR) else []:
+        if name not in (own, QUIET):
+            try:
+                with open(os.path.join(LANES_DIR, name)) as f:
+                    found[name] = f.read().strip()
+            except OSError:
+                continue
+    return found
+
+
+def _wait_while_held(name: str) -> None:
+    """A lane's next test waits while another lane reruns a timed check (:func:`hold_other_lanes`)."""
+    path = os.path.join(LANES_DIR, QUIET)
+    while os.path.exists(path):
+        try:
+            with open(path) as f:
+                holder, _, what = f.read().partition(" ")
+            os.kill(int(holder), 0)  # a holder that died holds nothing
+        except (OSError, ValueError):
+            return
+        with open(os.path.join(LANES_DIR, name), "w") as f:
+            f.write(f"held while the timed lane reruns {what}")
+        time.sleep(0.5)
+
+
 def beside(own: str = "timed") -> str:
     """What the other lanes were running (their current tests), for a timed check that missed."""
     found = []
     for name in sorted(os.listdir(LANES_DIR)) if os.path.isdir(LANES_DIR) else []:
-        if name != own:
+        if name not in (own, QUIET):
             with open(os.path.join(LANES_DIR, name)) as f:
                 found.append(f"{name} lane: {f.read().strip() or 'nothing'}")
     return "; ".join(found) or "no other lane"
@@ -178,6 +233,7 @@ def ran_again(what: str, why: str) -> None:
     with open(os.path.join(ROOT, "test-artifacts", "reruns.log"), "a") as log:
         log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n")
     warnings.warn(line, stacklevel=2)
+    hold_other_lanes(what)
 
 
 def kept_pace(what: str, train: Callable[[], object]):
@@ -201,12 +257,28 @@ def pytest_runtest_setup(item):
     if not _NICED and os.environ.get("PYTEST_XDIST_WORKER") and lane(item) != "timed":
         os.nice(REST_NICE)
         _NICED = True
+    global _MY_LANE
+    _MY_LANE = lane(item)
     os.makedirs(LANES_DIR, exist_ok=True)
-    with open(os.path.join(LANES_DIR, lane(item)), "w") as f:
+    _wait_while_held(_MY_LANE)
+    with open(os.path.join(LANES_DIR, _MY_LANE), "w") as f:
         f.write(item.nodeid)
     if os.path.exists(UNIT_FAILED_FLAG):
         item.session.shouldstop = "a unit test failed in the other lane: the slower tiers were not run"
         pytest.skip("a unit test failed: fix the fast tier first")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item):
+    """A hold this lane's test asked for (:func:`hold_other_lanes`) ends with the test."""
+    path = os.path.join(LANES_DIR, QUIET)
+    try:
+        with open(path) as f:
+            mine = f.read().partition(" ")[0] == str(os.getpid())
+        if mine:
+            os.remove(path)
+    except OSError:
+        pass
 
 
 def pytest_sessionstart(session):
@@ -215,6 +287,9 @@ def pytest_sessionstart(session):
 
 
 def pytest_sessionfinish(session):
+    if os.environ.get("PYTEST_XDIST_WORKER") and os.path.exists(os.path.join(LANES_DIR, _MY_LANE)):
+        with open(os.path.join(LANES_DIR, _MY_LANE), "w") as f:
+            f.write(DONE)  # a rerun in another lane need not wait for this one
     if not os.environ.get("PYTEST_XDIST_WORKER") and os.path.exists(UNIT_FAILED_FLAG):
         os.remove(UNIT_FAILED_FLAG)
     if not os.environ.get("PYTEST_XDIST_WORKER"):

@@ -12,7 +12,7 @@ import pytest
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, DeadKernelError
 
-from .conftest import assert_gone, beside, load_per_core, task_processes
+from .conftest import assert_gone, beside, hold_other_lanes, load_per_core, task_processes
 from .kernelutil import KernelAborted, aborted, kernel_log_of, plain, record_abort, why_it_died
 
 pytestmark = [pytest.mark.notebook, pytest.mark.cluster]
@@ -56,6 +56,7 @@ def execute(
         # the cell again"), done once for the whole notebook and kept in the test summary and the
         # artifacts: a check that fails twice fails the test.
         record_lesson_rerun(name, str(first))
+        hold_other_lanes(f"notebook {name}")
         assert_gone(set(task_processes()) - before)
         try:
             nb, peak = _run(name, env, saved_as or name)
