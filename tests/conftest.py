@@ -418,6 +418,9 @@ def share(cluster, pool=None) -> Callable[[], set[int]]:
 
     def pids() -> set[int]:
         found = {p.pid for p in cluster.procs.values()}
+        relay = getattr(cluster, "shaper", None)  # its modelled network's relay (started again after a kill)
+        if relay is not None and relay.pid:
+            found.add(relay.pid)
         if pool is not None:
             found |= {p.pid for p in pool.processes()}
         return found
@@ -464,11 +467,22 @@ def no_leaks(request):
             except psutil.NoSuchProcess:
                 pass
         raise AssertionError(f"test left task processes behind: {left}")
+
     # a spare being spawned is the owner's a moment before its pool lists it: look again
+    def strays() -> list[str]:
+        found = []
+        for p in owner.processes():
+            if p.pid not in shared() | before:
+                try:
+                    found.append(f"{p.pid} {' '.join(psutil.Process(p.pid).cmdline()[:4])}")
+                except psutil.Error:
+                    found.append(f"{p.pid} (gone)")
+        return found
+
     poll_for(
-        lambda: not [p for p in owner.processes() if p.pid not in shared() | before],
+        lambda: not strays(),
         15,
-        what="every process this test started to end (or belong to a shared fixture)",
+        what=lambda: f"every process this test started to end (or belong to a shared fixture): {strays()}",
     )
 
 
