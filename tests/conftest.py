@@ -200,11 +200,7 @@ def _wait_while_held(name: str) -> None:
 
 def beside(own: str = "timed") -> str:
     """What the other lanes were running (their current tests), for a timed check that missed."""
-    found = []
-    for name in sorted(os.listdir(LANES_DIR)) if os.path.isdir(LANES_DIR) else []:
-        if name not in (own, QUIET):
-            with open(os.path.join(LANES_DIR, name)) as f:
-                found.append(f"{name} lane: {f.read().strip() or 'nothing'}")
+    found = [f"{name} lane: {text or 'nothing'}" for name, text in _other_lanes(own).items()]
     return "; ".join(found) or "no other lane"
 
 
