@@ -199,13 +199,17 @@ def test_paced_async_records_carry_their_own_modelled_time(no_leaks):
     import tfmagic
     from tfmagic.pace import Pace
 
-    with tfmagic.LocalCluster(ps=1, workers=2, spares=False, pace=Pace.parse(0.1, jitter=0.3, seed=1)) as c:
+    # 200 ms: a call's latency on a loaded machine (10-30 ms) stays a small share of a step; at 100 ms a
+    # clean-clone run measured 0.156 of 0.15 beside the other lane
+    with tfmagic.LocalCluster(ps=1, workers=2, spares=False, pace=Pace.parse(0.2, jitter=0.3, seed=1)) as c:
         h = tfmagic.train(c, mode="async", steps=60)
     recs = [r for r in h.records if r.paced is not None and not r.warmup]
     assert len(recs) > 40
     # each step lasts its own draw (plus a call's latency), not its neighbour's: with jitter 0.3
     # a mismatched draw is off by 35 % on the median
-    assert statistics.median(abs(r.duration / r.paced - 1) for r in recs) < 0.15
+    own = statistics.median(abs(r.duration / r.paced - 1) for r in recs)
+    neighbour = statistics.median(abs(a.duration / b.paced - 1) for a, b in zip(recs, recs[1:]))
+    assert own < 0.15 and own < neighbour / 2, (own, neighbour)
 
 
 # -- every experiment, for real, one seed --------------------------------------------------------

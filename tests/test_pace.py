@@ -132,5 +132,25 @@ def test_steps_over_their_modelled_time_say_the_pace_was_not_kept_and_what_would
         r.end = r.start + 0.1  # 5 of 20 steps at 100 ms of a 60 ms pace: 25 % late
         r.compute = 0.08
     (note,) = pace_notes(Pace(0.06), recs, instant_updates=True)
+    # 5 steps 40 ms over, 20 x 60 ms modelled: 200 / 1200 = 17 % more time than the model's
     assert note.startswith("the machine could not keep the 60 ms pace: 25% of the steps took longer")
+    assert "adding 17% to the run's modelled time" in note, note
     assert note.endswith("A pace of 123 ms or more would work"), note  # 1.5 x 82 ms
+
+
+def test_steps_a_little_late_that_hardly_move_the_runs_time_keep_the_pace():
+    """Exponential step times model many steps of a few milliseconds; a real step late by a scheduling
+    tick is over 25 % late there, yet the run's figures move by a fraction of a percent."""
+    from tfmagic.pace import Pace, pace_notes
+
+    recs = _steps("worker:0", [(3 * i, 3 * i + 3) for i in range(40)])
+    for i, r in enumerate(recs):
+        r.paced = 0.01 if i % 4 == 0 else 0.2  # a quarter of the steps modelled at 10 ms ...
+        r.end = r.start + (0.015 if i % 4 == 0 else 0.2)  # ... each 5 ms (50 %) late
+    assert pace_notes(Pace(0.06), recs) == [], (
+        "5 ms x 10 over 6.1 s modelled: 0.8 % more, the model's figures"
+    )
+    for r in recs[1::4]:
+        r.end = r.start + 0.26  # and a quarter 30 % late on 200 ms: 10 x 60 ms, 11 % more
+    (note,) = pace_notes(Pace(0.06), recs)
+    assert "50% of the steps took longer than modelled, adding 11% to the run's modelled time" in note, note
