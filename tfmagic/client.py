@@ -271,6 +271,11 @@ def connect(
             try:
                 if first:
                     ctx.set_server_def(server_def)
+                    # Before any op ran here, the server def is only kept: the first op would
+                    # connect, waiting for ever (the global lock held) on a task killed meanwhile
+                    # (a kill between %tf_cluster start and the first run hung it). Connect now,
+                    # while every task of it answered, on this thread with its deadline.
+                    ctx.ensure_initialized()
                 else:
                     ctx.update_server_def(server_def)
                 outcome.append(None)

@@ -58,6 +58,8 @@ class Op(str, enum.Enum):
     INTERRUPT = "interrupt"
     #: every target of a %%tf_px cell is ready: start its body
     GO = "go"
+    #: a task sharing its process dies alone, as modelled: its server cut off (CUT); ASSIGN serves again
+    CUT = "cut"
 
 
 #: the ops a task handles on its reader thread, even while a cell runs
@@ -73,6 +75,7 @@ URGENT = frozenset(
         Op.CRASH,
         Op.INTERRUPT,
         Op.GO,
+        Op.CUT,
     }
 )
 
@@ -101,6 +104,8 @@ class Event(str, enum.Enum):
     STACKS = "stacks"
     VARIABLES = "variables"
     ENV = "env"
+    #: the server of a task sharing its process is cut off (``sockets`` cut)
+    CUT = "cut"
     #: a %%tf_px cell's report(step=..., loss=...)
     REPORT = "report"
     #: a line a cell printed (``name``: stdout or stderr)

@@ -13,8 +13,8 @@ import time
 from typing import TYPE_CHECKING
 
 from .. import client
-from ..errors import BadArgument, ClusterStartError, NeedsForce, SharedProcess, TaskLost
-from ..launchers.base import TaskHandle
+from ..errors import BadArgument, ClusterStartError, NeedsForce, SharedProcess, TaskLost, WaitTimedOut
+from ..launchers.base import TaskHandle, TaskState
 from ..protocol import Op
 from ..spec import TaskName
 from . import inspection
@@ -40,8 +40,8 @@ def alone(cluster: Cluster, t: TaskName, doing: str) -> None:
     if others:
         raise SharedProcess(
             f"{t} shares process {proc.pid} with {inspection.name_some(others)} (processes=): {doing} it would do the same to "
-            "them; a task sharing a process cannot be killed, restarted, removed or throttled alone. "
-            "Start the cluster without processes= for faults on one task"
+            "them; a task sharing a process cannot be removed or throttled alone (it can be killed and "
+            "restarted: its death is modelled). Start the cluster without processes= for that"
             + ("" if cluster.pace is not None else ", or with a pace (--pace) to slow one modelled worker")
         )
 
@@ -88,11 +88,37 @@ def _full_speed(cluster: Cluster, t: TaskName) -> None:
 def kill(cluster: Cluster, task: str | TaskName) -> None:
     """See :meth:`tfmagic.cluster.Cluster.kill`."""
     t, proc = _live(cluster, task)
-    alone(cluster, t, "killing")
+    if getattr(proc, "shared_with", None):  # even when the others are cut off: the process hosts them
+        _cut_off(cluster, t, proc)
+        return
     cluster.taskset.ended_on_purpose(proc)
     proc.kill()
     _full_speed(cluster, t)
     cluster.emit("kill", t, f"process {proc.pid} killed")
+
+
+def _cut_off(cluster: Cluster, t: TaskName, proc) -> None:
+    """Kill a task that shares its process alone, as modelled (:meth:`TaskProcess.cut_off`).
+
+    Its server stops answering and its connections break, as a dead machine's do; the process
+    lives on for the tasks it shares. The engine sees what it sees of a killed process: calls
+    that fail, a task that is not alive. Not reported as lost: the kill event says it.
+    """
+    others = inspection.companions(proc)
+    try:
+        cut = proc.cut_off(timeout=5)
+    except (TimeoutError, WaitTimedOut, ProcessLookupError) as exc:
+        raise TaskLost(
+            f"{t} did not answer the kill within 5 s ({exc}): its process {proc.pid} is stopped or hung; "
+            f"cluster.why() says what it waits on"
+        ) from None
+    _full_speed(cluster, t)
+    cluster.emit(
+        "kill",
+        t,
+        f"its server cut off ({cut} connections; modelled: process {proc.pid} "
+        + (f"serves {inspection.name_some(others)} on)" if others else "lives on)"),
+    )
 
 
 def restart(
@@ -101,8 +127,9 @@ def restart(
     """See :meth:`tfmagic.cluster.Cluster.restart`."""
     t = cluster.check_task(task)
     defn = cluster.taskset.require()
-    alone(cluster, t, "restarting")
     old = cluster.procs[t]
+    if getattr(old, "shared_with", None):
+        return _serve_again(cluster, t, old, defn, timeout, force)
     # killed by tfmagic (cluster.kill), its handle not yet told: under load a Spark task's channel
     # reported the process alive after its pid was gone (a clean-clone run), and the restart that
     # follows a kill must not ask for force
@@ -161,6 +188,41 @@ def restart(
     if cluster.use_spares:
         cluster.pool.fill_later(cluster.launcher, cluster.shape.size)
     return Restarted(seconds=time.monotonic() - t0, warm=int(warm), cold=int(not warm), attempts=attempt)
+
+
+def _serve_again(
+    cluster: Cluster, t: TaskName, proc, defn, timeout: float | None, force: bool
+) -> StartOutcome:
+    """Restart a task that shares its process: a new server on its port, in the same process.
+
+    A dead machine comes back empty: the new server holds no variables and no state of the old one,
+    which stays in the process, unreachable (TensorFlow cannot free a server: about 30 MB each time).
+    A live task is cut off first (with ``force``, as a restart of a process of its own kills it).
+    """
+    if proc.alive:
+        if not force:
+            held = "its variables (every value stored on it)" if t.job == "ps" else "its state"
+            raise NeedsForce(
+                f"{t} is running: restarting it would lose {held}. "
+                f"Pass force=True (cluster.restart('{t}', force=True)) if that is what you want"
+            )
+        _cut_off(cluster, t, proc)
+    if proc.state is not TaskState.KILLED:
+        raise TaskLost(
+            f"{t}'s process {proc.pid} ended, and the tasks it hosted with it: it cannot be restarted alone; "
+            "stop the cluster and start it again"
+        )
+    t0 = time.monotonic()
+    proc.revive()
+    deadline = t0 + (timeout or cluster.start_timeout)
+    cluster.taskset.bring_up(
+        {t: proc}, defn, lambda *_: None, deadline, bind_ports=cluster.network.bind_ports, what="the restart"
+    )
+    _full_speed(cluster, t)
+    if client.is_connected(cluster.id):
+        cluster.connect(force=True)
+    cluster.emit("restart", t, f"a new server in process {proc.pid} (shared)")
+    return Restarted(seconds=time.monotonic() - t0, warm=1, cold=0, attempts=1)
 
 
 __all__ = ["alone", "kill", "restart", "slow"]

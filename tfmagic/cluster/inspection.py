@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from .. import client, variable_map
 from ..errors import TaskLost
-from ..launchers.base import TaskHandle
+from ..launchers.base import TaskHandle, TaskState
 from ..protocol import Op
 from ..spec import TaskName
 from ..status import ClusterStatus, TaskStatus
@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
 def condition_of(proc: TaskHandle, stats: dict | None, slowness: float | None) -> str:
     """``running``, ``stopped (SIGSTOP)``, ``not answering`` or ``exited (CODE)`` from what was measured."""
+    if getattr(proc, "state", None) is TaskState.KILLED:
+        return "killed (modelled)"
     if not proc.alive:
         return f"exited ({proc.exit_code})"
     if stats and stats.get("run_state") == "stopped" and not slowness:

@@ -23,6 +23,7 @@ import re
 import time
 from dataclasses import dataclass, field
 
+from ..launchers.base import TaskState
 from ..network import ports
 from ..protocol import Op
 from ..spec import TaskName
@@ -197,6 +198,12 @@ def condition(cluster, task: TaskName) -> tuple[str, str]:
     proc = procs.get(task)
     if proc is None:
         return ("it is not part of the running cluster", "")
+    if getattr(proc, "state", None) is TaskState.KILLED:
+        return (
+            f"it is dead: killed on purpose, its server cut off (modelled; process {proc.pid} serves the "
+            "tasks it shares)",
+            f"%tf_cluster restart {task}",
+        )
     if not proc.alive:
         code = proc.exit_code
         how = f"killed by signal {-code}" if isinstance(code, int) and code < 0 else f"exit code {code}"

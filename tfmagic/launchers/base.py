@@ -39,6 +39,7 @@ class TaskState(str, enum.Enum):
     RUNNING = "running"  # server accepts connections
     FAILED = "failed"  # could not take its role
     EXITED = "exited"  # process ended
+    KILLED = "killed"  # a task sharing its process, killed alone as modelled: its server cut off
 
     def __str__(self) -> str:
         return self.value

@@ -189,7 +189,27 @@ class TaskProcess:
 
     @property
     def alive(self) -> bool:
-        return self.exit_code is None and self.state is not TaskState.EXITED
+        return self.exit_code is None and self.state not in (TaskState.EXITED, TaskState.KILLED)
+
+    def cut_off(self, timeout: float = 5.0) -> int:
+        """Kill a task that shares its process alone, as modelled: its server is cut off
+        (:func:`tfmagic.task.server.cut_off`), its process serves the others on. From then on it is
+        not alive, as a killed process is not; :meth:`revive` readies it for its role again.
+        Returns how many sockets were cut."""
+        reply = self.request(Op.CUT, timeout=timeout)
+        if reply.get("event") != Event.CUT:
+            raise ProcessLookupError(reply.get("message") or f"{self.label} could not be cut off")
+        with self._cond:
+            self.state = TaskState.KILLED
+            self._cond.notify_all()
+        return int(reply.get("sockets") or 0)
+
+    def revive(self) -> None:
+        """A task cut off (:meth:`cut_off`) waits for its role again, as a warm spare does."""
+        with self._cond:
+            if self.state is TaskState.KILLED and self.exit_code is None:
+                self.state = TaskState.SPARE
+            self._cond.notify_all()
 
     @property
     def label(self) -> str:

@@ -3,7 +3,7 @@
 What the owner asks to see or change at once (slow down, a line for the log,
 a free port, CPU and memory, where it listens, its connections, every
 thread's stack, crash, interrupt the running cell, start a cell waiting at
-its barrier).  Each takes the runtime and the message; :data:`HANDLERS` maps
+its barrier, a shared task's modelled death).  Each takes the runtime and the message; :data:`HANDLERS` maps
 every urgent :class:`~tfmagic.protocol.Op` to its function (``urgent_<op>``, the
 name a thread's stack shows while it answers).
 """
@@ -138,6 +138,27 @@ def urgent_crash(rt, msg: dict[str, Any]) -> None:
     rt.die("killed on purpose by the owner (a crash, injected)", code=-9)
 
 
+def urgent_cut(rt, msg: dict[str, Any]) -> None:
+    """Die alone, as modelled (a task sharing its process): cut the server off, keep the process.
+
+    The owner marks the task killed once this answers; an ASSIGN then starts a new server on the
+    same port (:meth:`~.runtime.TaskRuntime.assign`), as a restarted machine's would: empty.
+    """
+    if not rt.shared or rt.server is None or rt.listen_port is None:
+        who = "has a process of its own" if not rt.shared else "serves nothing"
+        rt.send(Event.ERROR, id=msg.get("id"), message=f"{rt.label} {who}: there is no server to cut off")
+        return
+    from .server import cut_off
+
+    rt.cut_servers.append(rt.server)  # TensorFlow cannot stop or free a server: it stays, unreachable
+    rt.server = None
+    cut = cut_off(rt.listen_port)
+    print(
+        f"tfmagic: {rt.label} cut off ({cut} sockets on port {rt.listen_port}): dead, as modelled", flush=True
+    )
+    rt.send(Event.CUT, id=msg.get("id"), sockets=cut)
+
+
 def urgent_interrupt(rt, msg: dict[str, Any]) -> None:
     """Raise KeyboardInterrupt in the running cell (if it is still that cell)."""
     rt.cells.interrupt(msg)
@@ -181,6 +202,7 @@ HANDLERS: dict[Op, Callable[[Any, dict[str, Any]], None]] = {
     Op.CRASH: urgent_crash,
     Op.INTERRUPT: urgent_interrupt,
     Op.GO: urgent_go,
+    Op.CUT: urgent_cut,
 }
 assert set(HANDLERS) == URGENT, "every urgent op has a handler, and only those"
 

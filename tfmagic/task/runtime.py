@@ -74,6 +74,10 @@ class TaskRuntime:
             Op.STOP: lambda msg: self.die("stop requested by the owner", code=0),
         }
         self.server = None
+        #: the port the server listens on (the relay's private one with a modelled network)
+        self.listen_port: int | None = None
+        #: servers cut off by a modelled death (probes.urgent_cut): kept, as TensorFlow cannot free one
+        self.cut_servers: list = []
         self.strategy = None  # MultiWorkerMirroredStrategy in collective mode (a cell's ``strategy``)
         self.task: tuple[str, int] | None = None
         self.core: ServerCore | None = core  # TensorFlow's server modules, then its whole API
@@ -171,6 +175,7 @@ class TaskRuntime:
         self.task = (job, index)
         self.cluster = cluster
         port = int(cluster[job][index].rsplit(":", 1)[1])
+        self.listen_port = int(msg.get("bind_port") or port)
         print(
             f"tfmagic: {job}:{index} serving {self.server.target} (port {port})",
             file=sys.__stderr__,

@@ -198,6 +198,47 @@ def serve(core: ServerCore, tf, msg: dict[str, Any], cpu_only: bool):
     return server, None
 
 
+def cut_off(port: int) -> int:
+    """Cut every TCP socket of this process on local ``port``: a server's death, modelled.
+
+    TensorFlow cannot stop a ``tf.distribute.Server`` (``GrpcServer::Stop`` is not implemented), and
+    a task sharing its process (``processes=``) cannot be killed without killing the others. Its
+    server's sockets can be shut down under gRPC, though: the listening socket stops listening (a
+    client's connect is refused, as a dead process's port refuses it) and every accepted connection
+    ends (calls in flight fail with "Socket closed"), which is what the other tasks and the client
+    see when a machine dies. gRPC keeps its descriptors and closes them itself (``shutdown``, not
+    ``close``: no descriptor is pulled from under it), and the port is free for a new server.
+    Measured here: no CPU spent afterwards, a new server on the port 0.08 s later. The dead
+    server's own outgoing connections (a worker's to the ps) cannot be told apart from the other
+    servers' in the process and stay open; nothing sends on them, as nobody reaches the dead server.
+    Returns how many sockets were cut.
+    """
+    import socket
+
+    cut = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            fd = int(name)
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                continue
+            sock = socket.socket(fileno=os.dup(fd))  # a copy: closing it leaves gRPC's descriptor
+        except (OSError, ValueError):
+            continue  # gone meanwhile, or not ours to read
+        try:
+            if (
+                sock.family in (socket.AF_INET, socket.AF_INET6)
+                and sock.type == socket.SOCK_STREAM
+                and sock.getsockname()[1] == port
+            ):
+                sock.shutdown(socket.SHUT_RDWR)
+                cut += 1
+        except OSError:
+            pass  # already shut, or never connected
+        finally:
+            sock.close()
+    return cut
+
+
 class ServerInCell:
     """``server`` as a cell sees it: the task's own server, whose ``join()`` returns.
 
@@ -233,6 +274,7 @@ class CollectiveServer:
 
 
 __all__ = [
+    "cut_off",
     "CollectiveServer",
     "ServerCore",
     "ServerInCell",

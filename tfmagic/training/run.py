@@ -485,11 +485,15 @@ class TrainingRun:
                 "whole updates); use steps_per_call=1 here"
             )
         away = set(client.omitted())  # tasks that did not answer: dead, or stopped from outside
+        procs = self.cluster.procs
         for t in self.params.ps_tasks:
-            if t in away:
+            # left out of the connection, or dead since (a call placed on it would wait for ever)
+            if t in away or (t in procs and not procs[t].alive):
                 raise TrainingError(
                     f"{t} does not answer ({self.cluster.condition(t)}): the variables cannot live there. "
-                    f"Restart it (cluster.restart('{t}', force=True)) and train again"
+                    f"Restart it (cluster.restart('{t}'"
+                    + (", force=True" if t in procs and procs[t].alive else "")
+                    + ")) and train again"
                 )
         # every task lives, yet a call may fail: its connection broke (the relay restarted as the run set up)
         left = _retrying(self.policy, "setting up the run", lambda: self._place_everything(away))
