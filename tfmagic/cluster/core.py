@@ -403,13 +403,15 @@ class Cluster:
         faults.slow(self, task, factor)
 
     def kill(self, task: str | TaskName) -> None:
-        """End ``task``'s process now (SIGKILL), as a crash would."""
+        """End ``task``'s process now (SIGKILL), as a crash would; a task sharing its process
+        (``processes=``) dies alone, modelled: its server cut off, its process serving the others."""
         faults.kill(self, task)
 
     def restart(
         self, task: str | TaskName, timeout: float | None = None, force: bool = False
     ) -> StartOutcome:
-        """Start ``task`` again on its old address (a warm spare when there is one).
+        """Start ``task`` again on its old address (a warm spare when there is one; a task sharing
+        its process gets a new server in that process).
 
         A task that is still running is only replaced with ``force=True``:
         what it holds (a ps's variables, a worker's cell namespace) is lost.
@@ -514,7 +516,8 @@ class LocalCluster(Cluster):
 
     ``processes=2`` (or ``"auto"``: one per 16 tasks) puts the tasks in that many processes,
     each task still a gRPC server of its own (:mod:`tfmagic.task.host`): 2 ps and 32 workers in
-    a laptop's or Binder's memory. What one of them cannot do alone (a kill, a restart, a
+    a laptop's or Binder's memory. One of them is killed and restarted alone as modelled (its
+    server cut off, then a new one in its process); what one cannot do alone (a removal, a
     throttle, a ``%%tf_px`` cell) is refused in one line.
     """
 

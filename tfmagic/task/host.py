@@ -9,8 +9,9 @@ once: standard input and output away from the channels, the watch on the parent,
 server core (imported once, shared).
 
 What one task cannot do alone here, it refuses in one line: a ``%%tf_px`` cell (its namespace,
-fd 1, its interrupt are the process's) and a throttle (it pauses the whole process). The owner
-refuses a kill or a restart of one of them for the same reason.
+fd 1, its interrupt are the process's) and a throttle (it pauses the whole process). A kill of one
+of them is modelled instead: its server is cut off (:func:`.server.cut_off`) and a restart starts
+a new one over the same channel.
 
 All the servers of a process share one pool of inter-op threads, sized by the first server's
 config; a unary call holds one of them while its function waits for the ps's part, so the owner
