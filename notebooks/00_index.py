@@ -16,7 +16,7 @@
 # %% [markdown]
 # # Distributed TensorFlow, from one notebook: the course
 #
-# Eight notebooks, each a lesson of 15 to 30 minutes. Each starts a real cluster on this machine
+# Nine notebooks, each a lesson of 15 to 30 minutes. Each starts a real cluster on this machine
 # (TensorFlow servers in their own processes, talking gRPC), opens with what you will learn, asks you
 # to **predict** before the cells that show an effect, and ends with exercises (01, 04, 05 and 08 with their
 # solutions, collapsed). The five articles this course grew from (the "source articles") are cited where
@@ -41,6 +41,7 @@
 # | [06 · The classic experiments](06_classic_experiments.ipynb) | six textbook claims, measured and checked against what was published | 30 | 2.7 min | 02, 03 |
 # | [07 · Inside the cluster](07_inside_the_cluster.ipynb) | where every variable lives, what moves over each link, who waits on whom when it hangs | 20 | 1.6 min | 01 |
 # | [08 · What else the source articles ask](08_from_the_seeds.ipynb) | a ps on the CPU and a GPU per worker; model parallelism; resizing a running cluster; TensorFlowOnSpark's `map_fun(args, ctx)` in tfmagic; TensorBoard's weight histograms; each worker its own batch size | 20 | 1.1 min | 01, 04 |
+# | [09 · A datacenter on your laptop](09_a_datacenter_on_your_laptop.ipynb) | 2 ps and 32 workers in 2 GB: servers sharing processes; staleness at 32 and 8 workers; a machine's death among many; where a laptop stops modelling a datacenter | 15 | 2.3 min | 02 |
 #
 # ```text
 #   this notebook's kernel ── the client: builds the ops, says where each runs, draws the plots

@@ -28,6 +28,7 @@ SELF_CHECKED = {
     "06_classic_experiments.ipynb",
     "07_inside_the_cluster.ipynb",
     "08_from_the_seeds.ipynb",
+    "09_a_datacenter_on_your_laptop.ipynb",
 }
 
 #: what TensorFlow prints while it starts, which a student should not have to read past

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from .conftest import magic_refusal
+
 pytestmark = pytest.mark.unit
 
 
@@ -51,9 +53,29 @@ def test_a_start_asking_the_same_pace_keeps_the_running_one():
 
     measured = Pace.parse("auto")
     measured.base = 0.06
-    assert Pace.parse("auto").asked == measured.asked == "auto"
+    assert Pace.parse("auto").asked == measured.asked == ("auto", 0.0)
     assert Pace.parse("60ms").asked != measured.asked
     assert Pace.parse("60ms").asked == Pace.parse(0.06).asked
+    assert Pace.parse("60ms", jitter=0.1).asked != Pace.parse("60ms").asked, "a new jitter is a new model"
+
+
+def test_jitter_on_the_start_line_spreads_the_pace_or_says_what_to_give():
+    from tfmagic.backends import ClusterRequest, check
+    from tfmagic.errors import BadClusterShape
+
+    request = ClusterRequest(ps=1, workers=2, pace="400ms", jitter=0.1)
+    check(request)
+    assert request.paced().jitter == 0.1 and request.paced().base == 0.4
+    assert ClusterRequest(ps=1, workers=2, pace="400ms").paced() == "400ms"
+    with pytest.raises(BadClusterShape, match="give --pace too"):
+        check(ClusterRequest(ps=1, workers=2, jitter=0.1))
+    for line, said in (
+        ("start --ps 1 --workers 2 --pace 400ms --jitter lots", "--jitter is a number such as 0.1"),
+        ("start --ps 1 --workers 2 --pace 400ms --jitter 5", "--jitter is 0 to 2"),
+        ("start --ps 1 --workers 2 --jitter 0.1", "give --pace too"),
+    ):
+        message = magic_refusal(line)
+        assert said in message and "\n" not in message, message
 
 
 def test_an_exponential_step_is_the_base_plus_an_exponential_time_of_the_given_mean():

@@ -91,6 +91,16 @@ try:
 except ConnectionRefusedError:
     out["refused"] = True
 out["why"] = str(c.why())
+taker = socket.socket()  # another program takes the dead server's port
+taker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+taker.bind((host, int(port)))
+taker.listen()
+try:
+    c.restart("worker:1")
+    out["taken"] = None
+except Exception as exc:
+    out["taken"] = [type(exc).__name__, str(exc), c.condition("worker:1")]
+taker.close()
 t = time.monotonic()
 h = tfmagic.train(c, mode="async", steps=120, model="digits")
 out["dead_run"] = [h.steps, h.error, sorted(h.by_task()), round(time.monotonic() - t, 1)]
@@ -138,6 +148,9 @@ def test_a_shared_task_killed_alone_dies_as_modelled_and_comes_back_empty():
     assert out["killed"] == [False, "killed (modelled)", True], out["killed"]
     assert out["refused"], "its port refuses a connection, as a dead process's does"
     assert "worker:1 it is dead: killed on purpose, its server cut off" in out["why"], out["why"]
+    kind, said, condition = out["taken"]
+    assert kind == "ClusterStartError" and "could not get its port" in said and "\n" not in said, out["taken"]
+    assert condition == "killed (modelled)", "still dead, and restarted below once the port is free"
     steps, error, workers, seconds = out["dead_run"]
     assert steps == 120 and error is None and workers == ["worker:0", "worker:2"], out["dead_run"]
     assert seconds < 60, "the run did not wait on the dead task"

@@ -46,6 +46,8 @@ class ClusterRequest:
     sbatch: tuple[str, ...] = ()
     worker_sbatch: tuple[str, ...] = ()
     pace: str | float | None = None
+    #: the spread of a paced step's time (its log standard deviation: 0.1 is about +-10 %)
+    jitter: float | None = None
     net: str | None = None
     #: tasks spread over this many processes (or ``"auto"``); ``None``: a process each
     processes: int | str | None = None
@@ -59,12 +61,20 @@ class ClusterRequest:
         """What :meth:`~tfmagic.launchers.base.Launcher.placement` of the built cluster will say."""
         return backend(self.backend).placement(self)
 
+    def paced(self):
+        """The pace asked for, with its jitter (a :class:`~tfmagic.pace.Pace`), or as given."""
+        if not self.jitter or self.pace is None:
+            return self.pace
+        from .pace import Pace
+
+        return Pace.parse(self.pace, jitter=float(self.jitter))
+
     def common(self) -> dict:
         gpus = list(self.gpus) or None
         return dict(
             worker_gpus=(gpus[0] if gpus and len(gpus) == 1 else gpus),
             collective=self.collective,
-            pace=self.pace,
+            pace=self.paced(),
             **({"net": self.net} if self.net else {}),
             **({"start_timeout": self.timeout} if self.timeout else {}),
             **self.extra,
@@ -240,10 +250,12 @@ def check(request: ClusterRequest) -> Backend:
         raise BadClusterShape(
             f"{', '.join(foreign)} {'is' if len(foreign) == 1 else 'are'} for the {' or '.join(owners)} backend"
         )
+    if request.jitter is not None and request.pace is None:
+        raise BadClusterShape(
+            "--jitter spreads a paced step's time: give --pace too (--pace 400ms --jitter 0.1)"
+        )
     if request.pace is not None:
-        from .pace import Pace
-
-        Pace.parse(request.pace)  # one line now, not after the old cluster stopped
+        request.paced()  # one line now, not after the old cluster stopped
     if request.net:
         from .network.shaper import parse_net
 

@@ -135,9 +135,10 @@ class Pace:
             return d
 
     @property
-    def asked(self) -> str | float:
-        """What was asked for: "auto", or the base step time (so "auto" matches "auto" once measured)."""
-        return "auto" if self.auto else self.base
+    def asked(self) -> tuple:
+        """What was asked for: "auto" or the base step time (so "auto" matches "auto" once measured),
+        and the jitter."""
+        return ("auto" if self.auto else self.base, self.jitter)
 
     @property
     def calibrated(self) -> bool:

@@ -79,7 +79,7 @@ class Session:
                     if request.pace is not None or running.pace is not None:
                         from .pace import Pace
 
-                        wanted = Pace.parse(request.pace)
+                        wanted = Pace.parse(request.paced())
                         if (wanted and wanted.asked) != (running.pace and running.pace.asked):
                             running.pace = wanted  # a pace needs no process: the same tasks, a new model
                             outcome.notes.append(

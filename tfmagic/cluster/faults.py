@@ -215,14 +215,29 @@ def _serve_again(
     t0 = time.monotonic()
     proc.revive()
     deadline = t0 + (timeout or cluster.start_timeout)
-    cluster.taskset.bring_up(
-        {t: proc}, defn, lambda *_: None, deadline, bind_ports=cluster.network.bind_ports, what="the restart"
-    )
+    try:
+        cluster.taskset.bring_up(
+            {t: proc},
+            defn,
+            lambda *_: None,
+            deadline,
+            bind_ports=cluster.network.bind_ports,
+            what="the restart",
+        )
+    except _PortTaken:
+        proc.mark_cut_off()  # still dead, and still restartable
+        raise ClusterStartError(
+            f"{t} could not get its port {defn.address(t)} back: another program took it after the kill; "
+            f"end that program, then cluster.restart('{t}') again"
+        ) from None
+    except BaseException:
+        proc.mark_cut_off()
+        raise
     _full_speed(cluster, t)
     if client.is_connected(cluster.id):
         cluster.connect(force=True)
     cluster.emit("restart", t, f"a new server in process {proc.pid} (shared)")
-    return Restarted(seconds=time.monotonic() - t0, warm=1, cold=0, attempts=1)
+    return Restarted(seconds=time.monotonic() - t0, warm=0, cold=0, attempts=1)
 
 
 __all__ = ["alone", "kill", "restart", "slow"]

@@ -199,10 +199,15 @@ class TaskProcess:
         reply = self.request(Op.CUT, timeout=timeout)
         if reply.get("event") != Event.CUT:
             raise ProcessLookupError(reply.get("message") or f"{self.label} could not be cut off")
-        with self._cond:
-            self.state = TaskState.KILLED
-            self._cond.notify_all()
+        self.mark_cut_off()
         return int(reply.get("sockets") or 0)
+
+    def mark_cut_off(self) -> None:
+        """Its server is cut off (:meth:`cut_off`), or a new one failed to start (a restart's)."""
+        with self._cond:
+            if self.exit_code is None:
+                self.state = TaskState.KILLED
+            self._cond.notify_all()
 
     def revive(self) -> None:
         """A task cut off (:meth:`cut_off`) waits for its role again, as a warm spare does."""

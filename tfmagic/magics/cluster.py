@@ -93,6 +93,7 @@ def _request(args) -> ClusterRequest:
         sbatch=tuple(shlex.split(unquote(args.sbatch))) if args.sbatch else (),
         worker_sbatch=tuple(shlex.split(unquote(args.worker_sbatch))) if args.worker_sbatch else (),
         pace=args.pace,
+        jitter=_jitter(args.jitter),
         net=unquote(args.net) if args.net else None,
         processes=args.processes,
     )
@@ -169,6 +170,12 @@ class ClusterMagics(Magics):
         help="model each worker as a machine whose training step takes this long (40ms), or 'auto' (the "
         "smallest this machine keeps, measured now): a cluster in miniature that behaves like separate "
         "machines however many processes share the cores",
+    )
+    @arg(
+        "--jitter",
+        default=None,
+        help="with --pace: spread each step's time (its log standard deviation; 0.1 is about +-10 %%), so "
+        "that workers' steps rarely end at the same instant, as on real machines",
     )
     @arg(
         "--net",
@@ -464,6 +471,8 @@ class ClusterMagics(Magics):
                 print(f"--- last lines of {exc.task}'s log ---\n{exc.log_tail}", file=sys.stderr)
             raise UsageError(render.as_magic(str(exc))) from None
         how = "a warm spare" if outcome.warm else "a new process"
+        if getattr(cluster.procs[task], "shared_with", None):
+            how = "a new server in the process it shares"
         print(
             f"Restarted {task} on {cluster.address(task)} in {outcome.seconds:.2f} s ({how}, "
             f"pid {cluster.procs[task].pid})."
@@ -556,6 +565,19 @@ class ClusterMagics(Magics):
 
 VERBS = Verbs("tf_cluster", ClusterMagics, default="status")
 ClusterMagics.tf_cluster.__doc__ = (ClusterMagics.tf_cluster.__doc__ or "") + "\n" + VERBS.usage()
+
+
+def _jitter(given: str | None) -> float | None:
+    """``--jitter 0.1`` as a number, or one line saying what to give."""
+    if given is None:
+        return None
+    try:
+        value = float(given)
+    except ValueError:
+        raise UsageError(f"--jitter is a number such as 0.1 (about +-10 %), not {given!r}") from None
+    if not 0 <= value < 2:
+        raise UsageError(f"--jitter is 0 to 2 (a log spread; 0.1 is about +-10 %), not {value:g}")
+    return value
 
 
 def _measure_pace(cluster) -> None:
