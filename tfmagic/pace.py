@@ -223,7 +223,7 @@ def pace_notes(pace: Pace, records, instant_updates: bool = False) -> list[str]:
         notes.append(
             f"staleness below the model's: {unseen / others:.0%} of the other workers' updates landed while "
             "a worker was between applying its own update and reading the parameters again (an instant in "
-            "the model, a real call of some milliseconds here; workers whose steps end together land inside "
+            "the model, a real call here: some milliseconds, longer over a modelled card; workers whose steps end together land inside "
             "each other's call about half the time), so none of its gradients counted them. Jitter on the "
             "pace (steps then rarely end together) and a longer pace bring the staleness back toward the model's"
         )
