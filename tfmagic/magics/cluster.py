@@ -470,9 +470,7 @@ class ClusterMagics(Magics):
             if exc.log_tail:
                 print(f"--- last lines of {exc.task}'s log ---\n{exc.log_tail}", file=sys.stderr)
             raise UsageError(render.as_magic(str(exc))) from None
-        how = "a warm spare" if outcome.warm else "a new process"
-        if getattr(cluster.procs[task], "shared_with", None):
-            how = "a new server in the process it shares"
+        how = _restarted_how(cluster.procs[task], outcome)
         print(
             f"Restarted {task} on {cluster.address(task)} in {outcome.seconds:.2f} s ({how}, "
             f"pid {cluster.procs[task].pid})."
@@ -565,6 +563,13 @@ class ClusterMagics(Magics):
 
 VERBS = Verbs("tf_cluster", ClusterMagics, default="status")
 ClusterMagics.tf_cluster.__doc__ = (ClusterMagics.tf_cluster.__doc__ or "") + "\n" + VERBS.usage()
+
+
+def _restarted_how(proc, outcome) -> str:
+    """What a restart started: a warm spare, a new process, or a new server in a shared one."""
+    if getattr(proc, "shared_with", None):
+        return "a new server in the process it shares"
+    return "a warm spare" if outcome.warm else "a new process"
 
 
 def _jitter(given: str | None) -> float | None:
