@@ -47,8 +47,20 @@ results = {}
 r = None  # each experiment's result, in turn
 
 
+def measured(result):
+    """What the experiment measured. When it measured nothing (the machine could not keep its pace, and
+    its result says so), the statements below about its figures cannot hold: said here, in one line."""
+    if not result.measured:
+        check = lesson.expect(
+            False, claim=f"{result.name} measured its figures on this machine ({result.why})"
+        )
+        raise lesson.LessonCheckFailed(check.line)
+    return result.measured
+
+
 def figures(result):
     """{a check's label: the value this run measured}"""
+    measured(result)
     return {c.label: c.value for c in result.checks}
 
 
@@ -147,8 +159,8 @@ lesson.expect(8 in ran, claim="8 workers fit this notebook's 1.8 GB by sharing p
 # r = %tf_experiment noise $LIMIT
 results["noise"] = r
 display(r)
-ratio = r.measured["async / sync sd"]
-control = r.measured["control: async with 3x batch / sync sd"]
+ratio = measured(r)["async / sync sd"]
+control = measured(r)["control: async with 3x batch / sync sd"]
 lesson.expect(ratio, at_least=1.2, claim="async's held-out loss wanders more than sync's")
 lesson.say(
     f"Here async's loss wandered **{ratio:.1f} times** as much as sync's (standard deviation); the control, "
@@ -181,8 +193,8 @@ lesson.say(
 # r = %tf_experiment ssp $LIMIT
 results["ssp"] = r
 display(r)
-worst_ssp = r.measured["ssp staleness mean, max"][1]
-worst_async = r.measured["async staleness mean, max"][1]
+worst_ssp = measured(r)["ssp staleness mean, max"][1]
+worst_async = measured(r)["async staleness mean, max"][1]
 bound = ex.ssp.bound(ex.ssp.BOUND, ex.ssp.WORKERS)
 lesson.expect(r.measured["ssp / async speed"], at_least=0.6, claim="SSP keeps most of async's speed")
 lesson.expect(

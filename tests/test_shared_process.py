@@ -84,6 +84,7 @@ c.connect()
 pid = c.procs["worker:1"].pid
 c.kill("worker:1")  # before any op ran in this process
 out["killed"] = [c.procs["worker:1"].alive, c.condition("worker:1"), psutil.pid_exists(pid)]
+out["notes"] = {row.task: row.note for row in c.status().tasks}
 host, port = c.cluster_def.address("worker:1").rsplit(":", 1)
 try:
     socket.create_connection((host, int(port)), timeout=2).close()
@@ -147,6 +148,9 @@ def test_a_shared_task_killed_alone_dies_as_modelled_and_comes_back_empty():
     out = json.loads(line[0][len("RESULT ") :])
     assert out["killed"] == [False, "killed (modelled)", True], out["killed"]
     assert out["refused"], "its port refuses a connection, as a dead process's does"
+    notes = out["notes"]
+    assert notes["worker:0"] == "process of 4 tasks, with ps:0, worker:2 (1 killed)", notes
+    assert notes["worker:1"] == "process of 4 tasks, with ps:0, worker:0, worker:2", notes
     assert "worker:1 it is dead: killed on purpose, its server cut off" in out["why"], out["why"]
     kind, said, condition = out["taken"]
     assert kind == "ClusterStartError" and "could not get its port" in said and "\n" not in said, out["taken"]

@@ -88,7 +88,13 @@ def name_some(names: list[str], most: int = 3) -> str:
 def _sharing(proc: TaskHandle) -> str:
     """``process of 17 tasks, with ps:0, worker:1, ...`` for a task sharing its process (``processes=``)."""
     others = companions(proc)
-    return f"process of {len(others) + 1} tasks, with {name_some(others)}" if others else ""
+    hosted = getattr(proc, "shared_with", ())
+    killed = sum(1 for p in hosted if not p.alive)  # killed alone, modelled: still in the process
+    if not others:
+        return ""
+    return f"process of {len(hosted) + 1} tasks, with {name_some(others)}" + (
+        f" ({killed} killed)" if killed else ""
+    )
 
 
 def status(cluster: Cluster, memory: bool | Collection[str] = True, spares: bool = True) -> ClusterStatus:
