@@ -10,7 +10,7 @@ process up on the task's old address through the task set's one sequence
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from .. import client
 from ..errors import BadArgument, ClusterStartError, NeedsForce, SharedProcess, TaskLost, WaitTimedOut
@@ -135,15 +135,7 @@ def restart(
     # follows a kill must not ask for force
     dying = cluster.taskset.was_ended_on_purpose(old)
     if old.alive and not force and not dying:
-        held = (
-            "its variables (every value stored on it)"
-            if t.job == "ps"
-            else "its state (variables, cell namespace)"
-        )
-        raise NeedsForce(
-            f"{t} is running: restarting it would lose {held}. "
-            f"Pass force=True (cluster.restart('{t}', force=True)) if that is what you want"
-        )
+        _refuse_without_force(t, "its state (variables, cell namespace)")
     if old.alive:
         cluster.taskset.ended_on_purpose(old)
         old.kill()
@@ -158,14 +150,7 @@ def restart(
             else cluster.launcher.spawn(cluster.taskset.log_path(t), old.destination or old.host)
         )
         try:
-            cluster.taskset.bring_up(
-                {t: proc},
-                defn,
-                lambda *_: None,
-                deadline,
-                bind_ports=cluster.network.bind_ports,
-                what="the restart",
-            )
+            _bring_back(cluster, t, proc, defn, deadline)
             break
         except _PortTaken:
             proc.kill()
@@ -190,6 +175,22 @@ def restart(
     return Restarted(seconds=time.monotonic() - t0, warm=int(warm), cold=int(not warm), attempts=attempt)
 
 
+def _refuse_without_force(t: TaskName, worker_holds: str) -> NoReturn:
+    """The one line for a restart of a running task without force: what it would lose."""
+    held = "its variables (every value stored on it)" if t.job == "ps" else worker_holds
+    raise NeedsForce(
+        f"{t} is running: restarting it would lose {held}. "
+        f"Pass force=True (cluster.restart('{t}', force=True)) if that is what you want"
+    )
+
+
+def _bring_back(cluster: Cluster, t: TaskName, proc, defn, deadline: float) -> None:
+    """Give ``proc`` ``t``'s role on its old address, through the task set's one sequence."""
+    cluster.taskset.bring_up(
+        {t: proc}, defn, lambda *_: None, deadline, bind_ports=cluster.network.bind_ports, what="the restart"
+    )
+
+
 def _serve_again(
     cluster: Cluster, t: TaskName, proc, defn, timeout: float | None, force: bool
 ) -> StartOutcome:
@@ -201,11 +202,7 @@ def _serve_again(
     """
     if proc.alive:
         if not force:
-            held = "its variables (every value stored on it)" if t.job == "ps" else "its state"
-            raise NeedsForce(
-                f"{t} is running: restarting it would lose {held}. "
-                f"Pass force=True (cluster.restart('{t}', force=True)) if that is what you want"
-            )
+            _refuse_without_force(t, "its state")  # no cell namespace: a shared task runs no cells
         _cut_off(cluster, t, proc)
     if proc.state is not TaskState.KILLED:
         raise TaskLost(
@@ -216,14 +213,7 @@ def _serve_again(
     proc.revive()
     deadline = t0 + (timeout or cluster.start_timeout)
     try:
-        cluster.taskset.bring_up(
-            {t: proc},
-            defn,
-            lambda *_: None,
-            deadline,
-            bind_ports=cluster.network.bind_ports,
-            what="the restart",
-        )
+        _bring_back(cluster, t, proc, defn, deadline)
     except _PortTaken:
         proc.mark_cut_off()  # still dead, and still restartable
         raise ClusterStartError(
