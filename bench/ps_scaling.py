@@ -13,15 +13,14 @@ d2l's parameter-server chapter does this arithmetic on paper).
 B is the model's parameters; the gradient's bytes are B times the share the cards counted in against
 out during the run (``cluster.net()``).
 
-This is issue 23's "scaling to 32 with a modelled ps card", as a benchmark:
+The ``ps-scaling`` experiment checks this on four runs within its 150 s
+(:mod:`tfmagic.experiments.ps_scaling`, whose model, card and arithmetic this
+uses); this benchmark runs any sizes, a cluster each, with more updates a run:
 each run is a paced cluster (tasks sharing processes from 8 workers) whose
 ps cards are modelled (``net="ps:* rate=2mbit"``), and on a modelled
 network a paced async step is its reading, its modelled computation and its
 applying, so a full card queues the transfers as between machines
-(:meth:`tfmagic.training.asynchronous.AsyncLoop.wait_out_pace`).  Not an
-experiment yet: a saturated card's queue needs several steps of every
-worker to settle (measured: 1 ps and 32 workers, 192 updates, 68 s), so the
-runs that show the bend do not fit the 150 s an experiment has.
+(:meth:`tfmagic.training.asynchronous.AsyncLoop.wait_out_pace`).
 
     python bench/ps_scaling.py [--runs 1x4 1x8 1x16 2x16 1x32 2x32] [--per-worker 6]
 """
@@ -33,47 +32,13 @@ import time
 
 from tfmagic.experiments.base import MemoryWatch
 from tfmagic.experiments.ps_bottleneck import Ballast
+from tfmagic.experiments.ps_scaling import BLOCK, BLOCKS, DELAY, PACE, expected, model_bytes
 
-#: the modelled computation of a step: 32 workers then ask for at most 20 updates a second, which the
-#: kernel (making every call) keeps
-PACE = 1.6
-#: each ps's card, each way, and its one-way delay
-RATE, RATE_BITS, DELAY = "2mbit", 2e6, "1ms"
-#: the model's tables: 2 x 5,200 floats, about 41.6 kB each way per update (6 updates a second on one card)
-BLOCKS, BLOCK = 2, 5_200
+#: each ps's card, each way (the experiment's is 1.5 Mbit/s)
+RATE, RATE_BITS = "2mbit", 2e6
+
 #: from this many workers the tasks share processes (as the staleness experiment's do)
 SHARED_FROM = 8
-
-
-def model_bytes() -> int:
-    """B: the parameters of one update, in bytes: the tables, w and b (float32).
-
-    >>> model_bytes()
-    41608
-    """
-    return (BLOCKS * BLOCK + 2) * 4
-
-
-def expected(workers: int, ps: int, out_bytes: float, in_bytes: float) -> tuple[float, float, float]:
-    """(updates/s, what the workers ask for, what the cards carry) by the arithmetic, for ``out_bytes``
-    (parameters, ps to worker) and ``in_bytes`` (gradient, worker to ps) through the cards per update.
-
-    The gradient's direction carries less than B here (measured about 7 kB of 41.6: TensorFlow computes
-    the tables' L2 gradient beside them, on the ps), so the parameters' direction is the one that fills.
-
-    >>> [round(x, 2) for x in expected(4, 1, 41_608, 7_000)]
-    [2.22, 2.22, 6.01]
-    >>> [round(x, 2) for x in expected(32, 1, 41_608, 7_000)]
-    [6.01, 17.79, 6.01]
-    >>> round(expected(32, 2, 41_608, 7_000)[0], 2)
-    12.02
-    """
-    delays = 2 * 2 * 1e-3  # DELAY each way, a request and its answer
-    # the parameters in, compute, the gradient out; k ps's cards each carry 1 / k of the bytes at once
-    step = PACE + (out_bytes + in_bytes) / ps * 8 / RATE_BITS + delays
-    asked = workers / step
-    carried = ps * RATE_BITS / (8 * max(out_bytes, in_bytes))
-    return min(asked, carried), asked, carried
 
 
 def run(ps: int, workers: int, per_worker: int, seed: int, watch: MemoryWatch) -> str:
@@ -107,7 +72,7 @@ def run(ps: int, workers: int, per_worker: int, seed: int, watch: MemoryWatch) -
     # at 32 workers and 192 updates, not 41.6.
     out_bytes = model_bytes()
     in_bytes = out_bytes * sum(r["to_task"] for r in cards) / max(1, sum(r["from_task"] for r in cards))
-    want, asked, carried = expected(workers, ps, out_bytes, in_bytes)
+    want, asked, carried = expected(workers, ps, out_bytes, in_bytes, RATE_BITS)
     missed = [n for n in h.notes if "could not keep" in n]
     return (
         f"{ps} ps, {workers:2d} workers: {rate:5.2f} updates/s, the arithmetic {want:5.2f} "

@@ -20,10 +20,12 @@
 # staleness, noise, bounded staleness and scaling. Here each one is an experiment that starts real
 # clusters, trains on them, and compares what it **measured** with what was **published**. The verdict
 # is computed from the figures, never typed in; when a claim does not hold, the result says why.
-# (`%tf_experiment` also lists three not run here: `elastic`, scaling again in one async run while workers
-# join one by one up to 4 and leave again, about 70 s; `ps-bottleneck`, which notebook 07 runs; and
+# (`%tf_experiment` also lists four not run here: `elastic`, scaling again in one async run while workers
+# join one by one up to 4 and leave again, about 70 s; `ps-bottleneck`, which notebook 07 runs;
 # `exponential-steps`, Dutta et al.'s expected update times when step times are exponential: a sync
-# update of n workers waits μ·H_n, which grows as ln n with no straggler at all, about 125 s.)
+# update of n workers waits μ·H_n, which grows as ln n with no straggler at all, about 125 s; and
+# `ps-scaling`, scaling to 32 workers until the ps's network card is full, about 110 s, which lesson 09
+# sets up.)
 #
 # The clusters are **paced** (`tfmagic.pace`): each worker is a modelled machine whose step takes
 # 200 ms (with a 10 % jitter, seeded), however many processes share this machine's two cores. So four

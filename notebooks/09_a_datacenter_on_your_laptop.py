@@ -173,10 +173,12 @@ lesson.expect(cluster.condition("worker:3") == "running", claim="worker:3 serves
 # Everything above is a model: every worker's computation is paced, and every call goes through this
 # kernel, which can make about 20 updates a second here (hence the 1.6 s step for 32 workers).
 # What a real datacenter adds is each machine's own network card. tfmagic models cards too
-# (`%tf_cluster net ps:* --rate 2mbit`, lesson 07): `bench/ps_scaling.py` measured one ps's card
-# saturating at about 5-6 updates a second from 16 workers on, and a second ps nearly doubling it
-# (10.8 updates/s at 32 workers), each within 11 % of the bandwidth arithmetic. That run takes
-# minutes (a full card's queue settles slowly), so it is a benchmark, not a cell here.
+# (`%tf_cluster net ps:* --rate 2mbit`, lesson 07), and the experiment `ps-scaling` runs the
+# arithmetic of Li et al. and d2l at this scale: N workers of step T on k ps whose cards carry R bits a
+# second ask for N / T updates a second and get at most k R / 8B (B the bytes of an update). With a
+# 1.5 Mbit/s card and 41.6 kB of parameters one ps carries 4.5 updates a second: 4 workers get their
+# pace's worth, 16 get the card's, and 32 on two ps get twice that. It starts clusters of its own
+# (about 110 s and 1.7 GB), so it is exercise 4 rather than a cell here.
 #
 # **Exercises**
 #
@@ -184,6 +186,8 @@ lesson.expect(cluster.condition("worker:3") == "running", claim="worker:3 serves
 # 2. Start with `--pace 0.4s` instead of 1.6 s. What does the run tell you, and why?
 # 3. `%tf_cluster slow worker:0 --factor 4` on the 8 live workers: what is worker:0's staleness now,
 #    and the others'? (Lesson 02 did this with 3 workers.)
+# 4. After `%tf_cluster stop`, predict the three rates of `%tf_experiment ps-scaling` from min(N / T,
+#    k R / 8B) with T = 1.6 s, then run it and compare with its figure.
 
 # %%
 # %tf_cluster stop

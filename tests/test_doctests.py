@@ -20,6 +20,7 @@ MODULES = [
     "tfmagic.training.calibrate",
     "tfmagic.experiments.base",
     "tfmagic.experiments.exponential_steps",
+    "tfmagic.experiments.ps_scaling",
     "tfmagic.launchers.local",
     "tfmagic.task.host",
 ]

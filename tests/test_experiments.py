@@ -193,6 +193,31 @@ def test_elastic_judges_each_size_from_its_own_window():
     ]
 
 
+@pytest.mark.unit
+def test_ps_scaling_takes_the_rate_of_a_runs_middle_half_and_the_arithmetic_bends():
+    """A full card's run: its first reads queue (few updates land), its middle is the card's rate, its
+    end lands the last steps slowly. The whole run's rate understates the card; the middle half's
+    is the card's. And min(N / T, k R / 8B): linear below the card, flat above it, doubled by a second ps."""
+    from tfmagic.experiments import ps_scaling
+    from tfmagic.metrics import GlobalStep, History
+
+    h = History("async")
+    t = 1000.0
+    h.started_at = h.warmup_ended_at = t
+    times = [t + 0.5 * i for i in range(1, 21)]  # filling: 2 a second
+    times += [times[-1] + 0.1 * i for i in range(1, 61)]  # steady: 10 a second
+    times += [times[-1] + 0.5 * i for i in range(1, 21)]  # the end: 2 a second
+    for i, x in enumerate(times):
+        h.add_global(GlobalStep(i + 1, x, 1.0))
+    assert h.updates_per_s() < 5
+    assert ps_scaling.steady_rate(h) == pytest.approx(10, rel=0.02)
+    b = ps_scaling.model_bytes()
+    rates = [ps_scaling.expected(n, 1, b, b / 5)[0] for n in (2, 4, 16, 32)]
+    assert rates[1] == pytest.approx(2 * rates[0])  # below the card: N / T
+    assert rates[2] == rates[3] < 4 * rates[1]  # above it: flat, well under 16 / 4 times 4 workers'
+    assert ps_scaling.expected(32, 2, b, b / 5)[0] == pytest.approx(2 * rates[3])
+
+
 # -- the engine's paced async records (a fix these experiments needed) ---------------------------
 @pytest.mark.cluster
 def test_paced_async_records_carry_their_own_modelled_time(no_leaks):

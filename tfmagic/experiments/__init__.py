@@ -69,6 +69,7 @@ REGISTRY: dict[str, str] = {
     "elastic": "elastic",
     "ps-bottleneck": "ps_bottleneck",
     "exponential-steps": "exponential_steps",
+    "ps-scaling": "ps_scaling",
 }
 
 

@@ -299,11 +299,14 @@ class Lab:
         )
 
     @contextlib.contextmanager
-    def cluster(self, workers: int, ps: int = 1, processes: int | str | None = None, **pace) -> Iterator:
+    def cluster(
+        self, workers: int, ps: int = 1, processes: int | str | None = None, net: str | None = None, **pace
+    ) -> Iterator:
         """A paced local cluster for the block (no warm spares: they would cost memory).
 
         ``processes`` puts its tasks in that many processes (``"auto"``: one per 16 tasks), as
-        ``LocalCluster(processes=)`` does: how an experiment reaches 16 or 32 workers in 2 GB.
+        ``LocalCluster(processes=)`` does: how an experiment reaches 16 or 32 workers in 2 GB;
+        ``net`` models its network (``"ps:* rate=2mbit"``: each ps's card), as ``LocalCluster(net=)``.
         """
         from ..cluster import LocalCluster
 
@@ -311,7 +314,7 @@ class Lab:
         self.progress(f"starting {ps} ps + {workers} worker{'s' if workers != 1 else ''} (paced){shared}")
         before = self.memory.sample()
         cluster = LocalCluster(
-            ps=ps, workers=workers, spares=False, pace=self.pace(**pace), processes=processes
+            ps=ps, workers=workers, spares=False, pace=self.pace(**pace), processes=processes, net=net
         )
         # a start refused (a hub's task limit: WillNotFit) or failed has stopped what it started; stopping
         # again would say "not running" instead of why
