@@ -176,9 +176,10 @@ lesson.expect(cluster.condition("worker:3") == "running", claim="worker:3 serves
 # (`%tf_cluster net ps:* --rate 2mbit`, lesson 07), and the experiment `ps-scaling` runs the
 # arithmetic of Li et al. and d2l at this scale: N workers of step T on k ps whose cards carry R bits a
 # second ask for N / T updates a second and get at most k R / 8B (B the bytes of an update). With a
-# 1.5 Mbit/s card and 41.6 kB of parameters one ps carries 4.5 updates a second: 4 workers get their
-# pace's worth, 16 get the card's, and 32 on two ps get twice that. It starts clusters of its own
-# (about 110 s and 1.7 GB), so it is exercise 4 rather than a cell here.
+# 1.5 Mbit/s card and 41.6 kB of parameters (about 44 kB an update with what the card counts beside
+# them) one ps carries about 4.3 updates a second: 4 workers get their pace's worth, 16 get the card's,
+# and 32 on two ps get twice that. It starts clusters of its own (about 105 s and 1.7 GB), so it is
+# exercise 4 rather than a cell here.
 #
 # **Exercises**
 #

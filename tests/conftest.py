@@ -53,13 +53,13 @@ TIMED_FILES = {
     # not timed, but its JVM and Spark tasks fit here without disturbing a lesson (this lane runs
     # one test at a time): the two lanes took about 1,100 s each in a full run
     "test_spark.py",
-    # not timed either: building Binder's environment (uv, about 80 s with its notebooks) balances the lanes. In a clean-clone
-    # run (session 15) the rest lane held 1,753 s of tests and ended the suite, the timed lane 1,439 s
-    "test_binder_env.py",
     # not timed: a real JupyterHub, two students' kernels and their class experiment (about 110 s);
     # here once the Binder environment's uv install left this lane about 200 s shorter than the rest
     "test_hub.py",
 }
+#: (test_binder_env.py, building Binder's environment with uv, about 65 s, came here from the timed lane
+#: when that lane grew to 1,873 s of tests against the rest's 1,277 (run j, session 23) and the
+#: ps-scaling experiment added about 105 s to it.)
 #: (test_slurm.py, a private Slurm's daemons and jobs, runs in the rest lane: in the timed lane beside
 #: Spark it made that lane 1,564 s against the rest's 1,277 in a clean-clone run.)
 #: the niceness of the other lane's worker and everything it starts (kernels, tasks, servers).

@@ -474,9 +474,11 @@ class FailurePolicy:
         if outside is not None:
             raise outside
         if self.config.backup_workers == 0:
+            many = len(lost) > 1
             raise TrainingError(
                 f"sync training needs all {self.run.workers_n} workers every step (backup_workers=0) and "
-                f"{', '.join(lost)} was lost at step {t}. Restart it (%tf_cluster restart {lost[0]}) and "
+                f"{', '.join(lost)} {'were' if many else 'was'} lost at step {t}. Restart "
+                f"{'them' if many else 'it'} (%tf_cluster restart {lost[0]}) and "
                 "resume(), or train with backup_workers=1 or mode='async'."
             )
         raise TrainingError(
