@@ -4,7 +4,12 @@ Prints, from one run: the median of several bare ``python -c "import tensorflow"
 runs, the median cold start (every task a fresh process) and the median warm
 start (every task taken from the spare pool), and the two ratios.
 
-    python bench/start_time.py [--repeat 3]
+With ``--workers 32 --ps 2 --processes auto`` it times a cold start of that
+cluster, its tasks sharing processes (issue 23: 34 tasks within 10 s), and
+the first connection to every task.  Spares are a process each, so a shared
+start has no warm form: it is always cold.
+
+    python bench/start_time.py [--repeat 3] [--ps 2 --workers 32 --processes auto]
 """
 
 from __future__ import annotations
@@ -32,6 +37,19 @@ def cold_start() -> float:
     took = time.perf_counter() - t0
     cluster.stop()
     return took
+
+
+def shared_start(ps: int, workers: int, processes) -> tuple[float, float]:
+    """(start, first connection) seconds of a cold cluster whose tasks share processes."""
+    cluster = tfmagic.LocalCluster(ps=ps, workers=workers, spares=False, processes=processes)
+    t0 = time.perf_counter()
+    cluster.start()
+    started = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    cluster.connect()
+    connected = time.perf_counter() - t1
+    cluster.stop()
+    return started, connected
 
 
 def warm_starts(repeat: int) -> list[float]:
@@ -62,7 +80,21 @@ def warm_starts(repeat: int) -> list[float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--ps", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--processes", default=None, help='"auto" or a number: tasks share processes')
     args = parser.parse_args()
+    if args.processes is not None:
+        processes = args.processes if args.processes == "auto" else int(args.processes)
+        runs = [shared_start(args.ps, args.workers, processes) for _ in range(args.repeat)]
+        starts, connects = [r[0] for r in runs], [r[1] for r in runs]
+        name = f"{args.ps}ps+{args.workers}w in {args.processes} processes"
+        print(f"cold start {name}: median {statistics.median(starts):.2f} s  {['%.2f' % t for t in starts]}")
+        print(
+            f"first connection to every task: median {statistics.median(connects):.2f} s  {['%.2f' % t for t in connects]}"
+        )
+        print("warm start: none (spares are a process each; a start whose tasks share processes is cold)")
+        return
     imports = [bare_import() for _ in range(args.repeat)]
     colds = [cold_start() for _ in range(args.repeat)]
     warms = warm_starts(args.repeat)

@@ -23,7 +23,7 @@
 # (`%tf_experiment` also lists four not run here: `elastic`, scaling again in one async run while workers
 # join one by one up to 4 and leave again, about 70 s; `ps-bottleneck`, which notebook 07 runs;
 # `exponential-steps`, Dutta et al.'s expected update times when step times are exponential: a sync
-# update of n workers waits μ·H_n, which grows as ln n with no straggler at all, about 125 s; and
+# update of n workers waits μ·H_n, which grows as ln n with no straggler at all (to 32 workers); and
 # `ps-scaling`, scaling to 32 workers until the ps's network card is full, about 110 s, which lesson 09
 # sets up.)
 #
