@@ -474,13 +474,7 @@ class FailurePolicy:
         if outside is not None:
             raise outside
         if self.config.backup_workers == 0:
-            many = len(lost) > 1
-            raise TrainingError(
-                f"sync training needs all {self.run.workers_n} workers every step (backup_workers=0) and "
-                f"{', '.join(lost)} {'were' if many else 'was'} lost at step {t}. Restart "
-                f"{'them' if many else 'it'} (%tf_cluster restart {lost[0]}) and "
-                "resume(), or train with backup_workers=1 or mode='async'."
-            )
+            raise TrainingError(_needs_all(self.run.workers_n, lost, t))
         raise TrainingError(
             f"sync training aggregates {needed} gradients per step but only {len(alive)} workers are left "
             f"({', '.join(lost)} lost at step {t}); restart one and resume()."
@@ -528,3 +522,14 @@ def _kb(n: int) -> str:
 
 
 __all__ = ["FailurePolicy"]
+
+
+def _needs_all(workers: int, lost: list, t: int) -> str:
+    """Sync without backup workers lost some: which, and what to do (one or several)."""
+    many = len(lost) > 1
+    return (
+        f"sync training needs all {workers} workers every step (backup_workers=0) and "
+        f"{', '.join(map(str, lost))} {'were' if many else 'was'} lost at step {t}. Restart "
+        f"{'them' if many else 'it'} (%tf_cluster restart {lost[0]}) and "
+        "resume(), or train with backup_workers=1 or mode='async'."
+    )
