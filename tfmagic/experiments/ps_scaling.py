@@ -49,9 +49,9 @@ CLAIM = Claim(
 
 #: the modelled computation of a step: 32 workers then ask for at most 20 updates a second
 PACE = 1.6
-#: each ps's card, each way, and its one-way delay: 4.5 updates a second a card, so 16 workers ask one
-#: card for 1.9 times what it carries (nearer its knee, the steps' jitter leaves it idle at times: 16
-#: workers on a 2 Mbit/s card, 1.44 times, measured 0.78-0.92 of it)
+#: each ps's card, each way, and its one-way delay: about 4.3 updates a second a card, so 16 workers ask
+#: one card for 1.9 times what it carries (on a 2 Mbit/s card, 1.44 times, that run measured 0.78-0.92 of
+#: the arithmetic, with B the parameters alone; not measured again with the B the card counts)
 RATE, RATE_BITS, DELAY = "1.5mbit", 1.5e6, "1ms"
 #: the model's tables: 2 x 5,200 floats, about 41.6 kB each way per update
 BLOCKS, BLOCK = 2, 5_200
@@ -61,7 +61,7 @@ TOLERANCE = 0.15
 
 
 def model_bytes() -> int:
-    """B: the parameters of one update, in bytes: the tables, w and b (float32).
+    """The parameters of one update, in bytes (the tables, w and b, float32): B's floor.
 
     >>> model_bytes()
     41608
