@@ -521,9 +521,6 @@ def _kb(n: int) -> str:
     return f"{n} B"
 
 
-__all__ = ["FailurePolicy"]
-
-
 def _needs_all(workers: int, lost: list, t: int) -> str:
     """Sync without backup workers lost some: which, and what to do (one or several)."""
     many = len(lost) > 1
@@ -533,3 +530,6 @@ def _needs_all(workers: int, lost: list, t: int) -> str:
         f"{'them' if many else 'it'} (%tf_cluster restart {lost[0]}) and "
         "resume(), or train with backup_workers=1 or mode='async'."
     )
+
+
+__all__ = ["FailurePolicy"]
