@@ -8,6 +8,13 @@ node (this machine, by its host name) in one partition ``debug``; the node says 
 :data:`CPUS` cores (``SlurmdParameters=config_overrides``) so that a ps and a few workers fit on two
 real ones, as tasks share cores on a laptop.  Nothing here is mocked: ``sbatch`` queues, slurmd
 starts the job's step, ``scancel`` kills it.
+
+``PrivateSlurm(root, nodes=2)`` makes a cluster of several nodes instead: each node a network
+namespace of its own on a private bridge (``NODE_SUBNET.(10+i)``, this machine ``NODE_SUBNET.1``)
+with its own host name (``n0``, ``n1``: a UTS namespace), running its own ``slurmd``; they share
+this machine's files, as nodes share a home on a real cluster.  A node can die
+(:meth:`PrivateSlurm.kill_node`): its link goes down and everything it ran is killed, so nothing it
+had open says goodbye, and Slurm notices it no longer answers after ``SlurmdTimeout``.
 """
 
 from __future__ import annotations
@@ -23,6 +30,10 @@ from tfmagic.network.ports import free_port
 
 CPUS = 8
 DAEMONS = ("munged", "slurmctld", "slurmd")
+#: the bridge of the multi-node Slurm's namespaces (the SSH tests' hosts use another /24)
+NODE_SUBNET = "10.243.8"
+#: seconds after which Slurm holds a silent node down (its minimum useful value: it pings a third as often)
+NODE_TIMEOUT = 6
 
 
 def skip_reason() -> str | None:
@@ -40,12 +51,28 @@ def _daemon(name: str) -> str:
     return shutil.which(name) or f"/usr/sbin/{name}"
 
 
-class PrivateSlurm:
-    """One running Slurm: ``conf`` (its slurm.conf), ``env`` (``SLURM_CONF``), ``queue()``, ``close()``."""
+def netns_skip_reason() -> str | None:
+    """Why a Slurm of several namespace nodes cannot run here, or None."""
+    missing = [c for c in ("ip", "nsenter", "unshare") if shutil.which(c) is None]
+    if missing:
+        return f"a Slurm of several nodes needs {', '.join(missing)} (util-linux, iproute2)"
+    return skip_reason()
 
-    def __init__(self, root: Path) -> None:
+
+class PrivateSlurm:
+    """One running Slurm: ``conf`` (its slurm.conf), ``env`` (``SLURM_CONF``), ``queue()``, ``close()``.
+
+    ``nodes``: ``None`` for one node, this machine; a count for that many nodes in network
+    namespaces (``self.nodes``: name to address; ``self.address``: this machine's on their bridge).
+    """
+
+    def __init__(self, root: Path, nodes: int | None = None) -> None:
         self.root = root
         self.procs: list[subprocess.Popen] = []
+        self.namespaces: list[str] = []
+        self.links: list[str] = []
+        self.nodes: dict[str, str] = {}
+        self.node_procs: dict[str, subprocess.Popen] = {}
         for sub in ("state", "spool", "log"):
             (root / sub).mkdir(parents=True, exist_ok=True)
         key = root / "munge.key"
@@ -54,11 +81,27 @@ class PrivateSlurm:
         self.socket = root / "munge.sock"
         self.conf = root / "slurm.conf"
         self.node = socket.gethostname()
+        self.address = "127.0.0.1"
+        if nodes:
+            self.address = f"{NODE_SUBNET}.1"
+            self.nodes = {f"n{i}": f"{NODE_SUBNET}.{10 + i}" for i in range(nodes)}
+        node_lines = (
+            [
+                f"NodeName={name} NodeAddr={addr} NodeHostname={name} CPUs={CPUS} Sockets=1 "
+                f"CoresPerSocket={CPUS} ThreadsPerCore=1 RealMemory=8000 State=UNKNOWN"
+                for name, addr in self.nodes.items()
+            ]
+            if nodes
+            else [
+                f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={CPUS} Sockets=1 CoresPerSocket={CPUS} "
+                "ThreadsPerCore=1 RealMemory=16000 State=UNKNOWN"
+            ]
+        )
         self.conf.write_text(
             "\n".join(
                 [
                     "ClusterName=tfmagic-tests",
-                    f"SlurmctldHost={self.node}(127.0.0.1)",
+                    f"SlurmctldHost={self.node}({self.address})",
                     f"SlurmctldPort={free_port()}",
                     f"SlurmdPort={free_port()}",
                     "AuthType=auth/munge",
@@ -67,11 +110,11 @@ class PrivateSlurm:
                     "SlurmUser=root",
                     "SlurmdUser=root",
                     f"StateSaveLocation={root / 'state'}",
-                    f"SlurmdSpoolDir={root / 'spool'}",
+                    f"SlurmdSpoolDir={root / 'spool'}/%n",
                     f"SlurmctldPidFile={root / 'slurmctld.pid'}",
-                    f"SlurmdPidFile={root / 'slurmd.pid'}",
+                    f"SlurmdPidFile={root / 'slurmd'}-%n.pid",
                     f"SlurmctldLogFile={root / 'log' / 'slurmctld.log'}",
-                    f"SlurmdLogFile={root / 'log' / 'slurmd.log'}",
+                    f"SlurmdLogFile={root / 'log' / 'slurmd'}-%n.log",
                     "ProctrackType=proctrack/linuxproc",
                     "TaskPlugin=task/none",
                     "SwitchType=switch/none",
@@ -87,8 +130,8 @@ class PrivateSlurm:
                     "InactiveLimit=0",
                     "KillWait=2",
                     "MinJobAge=2",
-                    f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={CPUS} Sockets=1 CoresPerSocket={CPUS} "
-                    "ThreadsPerCore=1 RealMemory=16000 State=UNKNOWN",
+                    f"SlurmdTimeout={NODE_TIMEOUT}",
+                    *node_lines,
                     "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4",
                     "",
                 ]
@@ -109,18 +152,82 @@ class PrivateSlurm:
                 ]
             )
             self._wait(lambda: self.socket.exists(), "munged's socket")
+            if nodes:
+                self._bridge()
             self._start([_daemon("slurmctld"), "-D", "-i", "-f", str(self.conf)])
-            self._start([_daemon("slurmd"), "-D", "-f", str(self.conf)])
-            self._wait(self._idle, "the Slurm node to be idle (sinfo)", timeout=60)
+            if nodes:
+                for i, name in enumerate(self.nodes):
+                    self.node_procs[name] = self._start(
+                        self._in_node(i, name, [_daemon("slurmd"), "-D", "-N", name])
+                    )
+            else:
+                self._start([_daemon("slurmd"), "-D", "-f", str(self.conf)])
+            self._wait(self._idle, "the Slurm node(s) to be idle (sinfo)", timeout=60)
         except BaseException:
             self.close()
             raise
 
-    def _start(self, cmd: list[str]) -> None:
-        log = open(self.root / "log" / f"{Path(cmd[0]).name}.out", "ab")  # noqa: SIM115 - the daemon's
+    def _start(self, cmd: list[str]) -> subprocess.Popen:
+        name = Path(cmd[0]).name if cmd[0] != "nsenter" else f"slurmd-{cmd[-1]}"
+        log = open(self.root / "log" / f"{name}.out", "ab")  # noqa: SIM115 - the daemon's
         env = {**os.environ, **self.env}
-        self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env))
+        proc = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env)
         log.close()
+        self.procs.append(proc)
+        return proc
+
+    # -- several nodes: network namespaces on a bridge ------------------------------------------
+    def _tag(self) -> str:
+        return f"{os.getpid() % 100000}s"
+
+    def _bridge(self) -> None:
+        from .sshhosts import _namespace, _run
+
+        if NODE_SUBNET + "." in _run("ip", "-4", "addr").stdout:
+            raise RuntimeError(f"{NODE_SUBNET}.0/24 is already in use on this host")
+        bridge = f"tfmbr{self._tag()}"
+        _run("ip", "link", "add", bridge, "type", "bridge")
+        self.links.append(bridge)
+        _run("ip", "addr", "add", f"{self.address}/24", "dev", bridge)
+        _run("ip", "link", "set", bridge, "up")
+        tag = self._tag()
+        for i, addr in enumerate(self.nodes.values()):
+            _namespace(self, bridge, f"{tag}-{i}", f"{tag}h{i}", f"{tag}n{i}", addr)
+
+    def _in_node(self, index: int, name: str, cmd: list[str]) -> list[str]:
+        """``cmd`` run on node ``name``: in its network namespace (``nsenter``, which, unlike ``ip
+        netns exec``, keeps this machine's /sys and its cgroups, which slurmd needs) and a UTS
+        namespace whose host name is the node's.  The node's name is the command's last word."""
+        inner = " ".join([f"hostname {name} &&", "exec", *cmd, "-f", str(self.conf)])
+        return [
+            "nsenter",
+            f"--net=/run/netns/{self.namespaces[index]}",
+            "unshare",
+            "--uts",
+            "sh",
+            "-c",
+            inner,
+            name,
+        ]
+
+    def kill_node(self, name: str) -> None:
+        """Node ``name`` dies: its link goes down first (nothing it had open is told), then every
+        process it ran (slurmd, the job's steps, their tasks) is killed."""
+        from .sshhosts import _run
+
+        index = list(self.nodes).index(name)
+        _run("ip", "link", "set", f"tfmv{self._tag()}h{index}", "down")
+        ns = self.namespaces[index]
+        for pid in _run("ip", "netns", "pids", ns, check=False).stdout.split():
+            try:
+                os.kill(int(pid), 9)
+            except (OSError, ValueError):
+                pass
+
+    def node_states(self) -> dict[str, str]:
+        """Each node's state as Slurm says it (``{"n0": "idle", "n1": "down*"}``)."""
+        out = self.run("sinfo", "-h", "-N", "-o", "%N %T").stdout
+        return dict(line.split(None, 1) for line in out.splitlines() if line.strip())
 
     def _wait(self, ready, what: str, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
@@ -169,3 +276,15 @@ class PrivateSlurm:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait(5)
+        if self.namespaces or self.links:
+            from .sshhosts import _run
+
+            for ns in self.namespaces:
+                for pid in _run("ip", "netns", "pids", ns, check=False).stdout.split():
+                    try:
+                        os.kill(int(pid), 9)
+                    except (OSError, ValueError):
+                        pass
+                _run("ip", "netns", "del", ns, check=False)
+            for link in self.links:
+                _run("ip", "link", "del", link, check=False)

@@ -133,20 +133,32 @@ def partitions() -> list[str]:
     return [p.strip().rstrip("*") for p in done.stdout.split() if p.strip()]
 
 
-def job_state(job_id: str) -> tuple[str, str] | None:
-    """``(state, reason)`` of a job Slurm still knows (``("PENDING", "Resources")``), else ``None``."""
-    done = _run([slurm_command("squeue"), "-h", "-j", job_id, "-o", "%T|%r"], timeout=15.0)
+def job_state(job_id: str) -> tuple[str, str, str] | None:
+    """``(state, reason, nodes)`` of a job Slurm still knows (``("RUNNING", "None", "n[0-1]")``),
+    else ``None``; ``nodes`` is Slurm's node list, empty while the job waits."""
+    done = _run([slurm_command("squeue"), "-h", "-j", job_id, "-o", "%T|%r|%N"], timeout=15.0)
     line = done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout.strip() else ""
     if line and not line.startswith("COMPLETING"):
-        state, _, reason = line.partition("|")
-        return state.strip(), reason.strip()
+        state, _, rest = line.partition("|")
+        reason, _, nodes = rest.partition("|")
+        return state.strip(), reason.strip(), nodes.strip()
     # ended (or ending: squeue says COMPLETING while the steps are killed): scontrol has the state
     done = _run(["scontrol", "show", "job", "-o", job_id], timeout=15.0) if shutil.which("scontrol") else None
     if done is not None and done.returncode == 0:
         fields = dict(kv.split("=", 1) for kv in done.stdout.split() if "=" in kv)
         if "JobState" in fields:
-            return fields["JobState"], fields.get("Reason", "None")
+            nodes = fields.get("NodeList", "")
+            return fields["JobState"], fields.get("Reason", "None"), "" if nodes == "(null)" else nodes
     return None
+
+
+def failed_nodes(nodes: str) -> list[str]:
+    """Which of ``nodes`` (Slurm's node list of a job, ``n[0-1]``) Slurm holds down or failed: why
+    a job ended NODE_FAIL."""
+    if not nodes:
+        return []
+    down = _run([slurm_command("sinfo"), "-h", "-N", "-n", nodes, "-t", "down,fail,no_respond", "-o", "%N"])
+    return sorted(set(down.stdout.split())) if down.returncode == 0 else []
 
 
 class SlurmLauncher(RelayedLauncher):
@@ -258,6 +270,9 @@ class SlurmLauncher(RelayedLauncher):
             "#SBATCH --job-name=tfmagic",
             f"#SBATCH --ntasks={len(batch.slots)}",
             f"#SBATCH --output={out_path}",
+            # a job Slurm requeued (after a node failure, say) would start tasks nobody waits for:
+            # the cluster's tasks end with it, and the start is the user's to repeat
+            "#SBATCH --no-requeue",
         ]
         lines += [f"#SBATCH --partition={self.partition}"] if self.partition else []
         lines += [f"#SBATCH --time={self.time}"] if self.time else []
@@ -326,12 +341,14 @@ class SlurmLauncher(RelayedLauncher):
             try:
                 found = job_state(batch.job_id or "")
             except (OSError, subprocess.SubprocessError, ClusterStartError):
-                found = ("UNKNOWN", "Slurm did not answer")
+                found = ("UNKNOWN", "Slurm did not answer", "")
             if found is None or found[0].split()[0] in ENDED:
-                batch.state = found[0] if found else batch.state or "ENDED"
+                # None: Slurm has forgotten the job already (MinJobAge): it ended, how is not known
+                batch.state = found[0] if found else "ended"
                 self.jobs.ended(batch)
                 return
-            state, reason = found
+            state, reason, nodes = found
+            batch.nodes = nodes or batch.nodes
             reason = "" if reason in ("None", "(null)") else reason
             batch.state = f"{state} ({reason})" if state == "PENDING" and reason else state
             if state == "PENDING" and reason != said:
@@ -364,7 +381,8 @@ class SlurmLauncher(RelayedLauncher):
             if batch.finished.is_set():
                 said = read_tail(str(out_path), 3).strip().replace("\n", "; ")
                 return (
-                    f"Slurm job {batch.job_id} ended ({batch.state}) before every relay dialled back to "
+                    f"Slurm job {batch.job_id} ended{'' if batch.state == 'ended' else f' ({batch.state})'} before every "
+                    f"relay dialled back to "
                     f"{address}" + (f": {said}" if said else "")
                 )
             never = next((r for r in NEVER if batch.state == f"PENDING ({r})"), None)
@@ -488,14 +506,24 @@ class SlurmLauncher(RelayedLauncher):
             except (OSError, subprocess.SubprocessError, ClusterStartError):
                 return ""
             state = found[0] if found else "ended"
+            batch.nodes = (found[2] if found else "") or batch.nodes
             # COMPLETING: Slurm is ending the job's steps (a scancel a moment ago, or the job's end);
             # its final state follows within a second
             if state != "COMPLETING" or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
-        if state.split(" ")[0] in ENDED - {"COMPLETED"} or state == "ended":
-            return f"Slurm ended job {batch.job_id} ({state})"
-        return ""
+        if state.split(" ")[0] not in ENDED - {"COMPLETED"} and state != "ended":
+            return ""
+        if state.startswith("NODE_FAIL") or state == "ended":  # which node, while Slurm still says
+            if batch.failed_nodes is None:
+                try:
+                    batch.failed_nodes = failed_nodes(batch.nodes)
+                except (OSError, subprocess.SubprocessError, ClusterStartError):
+                    batch.failed_nodes = []
+            if batch.failed_nodes:
+                nodes = ", ".join(batch.failed_nodes)
+                return f"Slurm ended job {batch.job_id} ({'NODE_FAIL: ' if state != 'ended' else ''}{nodes} stopped answering)"
+        return f"Slurm ended job {batch.job_id} ({state})"
 
     def task_note(self, proc: Any) -> str:
         batch = self._batch_of.get(getattr(proc, "pid", None))

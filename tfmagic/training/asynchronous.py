@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from .. import client
 from ..metrics import GlobalStep, StepRecord
 from .params import clear_executor
-from .steps import RING, SKIPPED, Worker, start_worker_thread
+from .steps import RING, SKIPPED, Worker, join_worker_threads, start_worker_thread
 
 if TYPE_CHECKING:
     from .context import LoopContext
@@ -94,9 +94,7 @@ class AsyncLoop:
                 step = self.params.read_step()
                 if step is not None and step >= self.steps:
                     self.control.stop()
-        for w in self.policy.workers.values():  # their last rows, before the weights are read
-            if w.thread is not None:
-                w.thread.join(2 if self.control.reason else 30)
+        join_worker_threads(self.policy.workers.values(), self.control)  # their last rows, then the weights
         self.count_unrecorded()
 
     def count_unrecorded(self) -> None:

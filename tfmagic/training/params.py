@@ -240,8 +240,25 @@ def clear_executor(ex=None, timeout: float | None = None) -> None:
     if timeout is None:
         clear()
         return
+
+    def drain() -> None:
+        # An executor may still hold calls to a task that no longer answers (a node gone without a
+        # word) after its error is cleared, and its deletion waits for them: this thread keeps it
+        # until a wait passes (each failed wait clears its error and waits again), so that the
+        # deletion that waits is never the worker's (measured: a run on a Slurm node that died
+        # ended 58 s after the job did, or not at all, its threads in Executor.__del__).
+        for _ in range(1000):
+            try:
+                ex.wait()
+                return
+            except Exception:  # noqa: BLE001 - the error was already handled where it happened
+                try:
+                    ex.clear_error()
+                except Exception:  # noqa: BLE001
+                    return
+
     import threading
 
-    waiter = threading.Thread(target=clear, name="tfmagic-executor-clear", daemon=True)
+    waiter = threading.Thread(target=drain, name="tfmagic-executor-clear", daemon=True)
     waiter.start()  # holds the executor until TensorFlow lets go of it
     waiter.join(timeout)

@@ -31,7 +31,7 @@ from .notes import WorkerNotes
 from .optimizers import Optimizer
 from .params import ParameterStore, clear_executor
 from .schedule import Schedule
-from .steps import Worker, own_executor, place_worker
+from .steps import Worker, join_worker_threads, own_executor, place_worker
 
 #: how long ``stop()`` waits for the run's calls before it leaves them behind
 STOP_WAIT = 1.5
@@ -412,9 +412,7 @@ class TrainingRun:
             )
         finally:
             self.control.stop()
-            for w in self.policy.workers.values():
-                if w.thread is not None:
-                    w.thread.join(2 if self.control.reason else 30)
+            join_worker_threads(self.policy.workers.values(), self.control)
             self.policy.release_all()  # a task being removed need not wait for a run that ended
             following.close()
             self.scheduled.close()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -56,6 +57,10 @@ EXECUTOR_CLEAR_S = 2.0
 ASYNC_STREAMING_ENQUEUE = False
 
 
+#: wrappers of threads' previous executors, never collected (see own_executor)
+_KEPT_WRAPPERS: list = []
+
+
 @contextlib.contextmanager
 def own_executor(for_async: bool = False):
     """A synchronous eager executor for this thread, as ClusterCoordinator uses.
@@ -71,10 +76,19 @@ def own_executor(for_async: bool = False):
 
     streaming = ASYNC_STREAMING_ENQUEUE if for_async else True
     ex = executor.new_executor(enable_async=False, enable_streaming_enqueue=streaming)
+    ctx = context.context()
+    # TensorFlow's executor_scope would do this, but the wrapper it makes of the thread's previous
+    # executor (the context's shared one) waits, when it is collected, for every op pending there,
+    # another thread's included: a call to a node that died without a word held the run's threads
+    # a minute, or for ever (measured on a Slurm node killed with its link down). The wrapper is
+    # kept instead (a few bytes a thread; it owns nothing).
+    previous = ctx.executor
+    _KEPT_WRAPPERS.append(previous)
+    ctx.executor = ex
     try:
-        with context.executor_scope(ex):
-            yield
+        yield
     finally:
+        ctx.executor = previous
         # thrown away now: a call still waiting on a dead task finishes (or fails) in the background
         clear_executor(ex, timeout=EXECUTOR_CLEAR_S)
 
@@ -85,6 +99,16 @@ def with_own_executor(fn, for_async: bool = False):
             return fn(*args)
 
     return run
+
+
+def join_worker_threads(workers, control) -> None:
+    """Wait for the worker threads of a run that is ending: 30 s in all when it finished (their last
+    rows), 2 s in all when it failed or was stopped, since a thread may be waiting on a task that no
+    longer answers (a node gone without a word: its calls wait out gRPC's deadline, a minute)."""
+    deadline = time.monotonic() + (2 if control.reason or control.fatal else 30)
+    for w in workers:
+        if w.thread is not None:
+            w.thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def start_worker_thread(w, work, policy, kind: str) -> None:

@@ -91,6 +91,10 @@ class Batch:
     job_id: str | None = None
     #: the scheduler's last word on the job (Slurm: ``PENDING (Resources)``, ``CANCELLED``)
     state: str = ""
+    #: where the job runs, in the scheduler's words (Slurm's node list, ``n[0-1]``)
+    nodes: str = ""
+    #: the nodes whose failure ended the job (Slurm's NODE_FAIL), once asked
+    failed_nodes: list[str] | None = None
 
 
 class Jobs:
