@@ -505,6 +505,101 @@ def test_another_users_connection_is_closed_before_grpc_reads_a_byte(servers):
     assert "another user's process" in guarded.log.read_text(errors="replace")
 
 
+EACH_CLIENT = textwrap.dedent(
+    """
+    import json, os, site, sys
+    for d in os.environ["TFMAGIC_TEST_SITEDIRS"].split(os.pathsep):
+        site.addsitedir(d)
+    import tensorflow as tf
+    results = {"uid": os.getuid()}
+    for target in sys.argv[1:]:
+        with tf.Graph().as_default():
+            with tf.device("/job:worker/task:0"):
+                x = tf.constant(6.0) * tf.constant(7.0)
+            config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=8000)
+            try:
+                with tf.compat.v1.Session(target, config=config) as session:
+                    results[target] = float(session.run(x))
+            except tf.errors.OpError as exc:
+                results[target] = type(exc).__name__
+    print(json.dumps(results))
+    """
+)
+
+
+def as_another_user(code: str, *args: str, user: str = "nobody", timeout: float = 120) -> dict:
+    """Run ``code`` with this Python and its TensorFlow as another Unix user, and return the JSON
+    it prints.  This Python may live where other users cannot enter (``/root``, mode 0700): a
+    mount namespace of the child's own binds its installation onto a folder they can read, as
+    another user's own installation would be, without changing any permission on this machine."""
+    import pwd
+    import shlex
+    import site
+    import tempfile
+
+    prefix = Path(sys.base_prefix).resolve()
+    executable = Path(sys.executable).resolve()
+    mount = Path(tempfile.mkdtemp(prefix="tfmagic-other-user-"))
+    mount.chmod(0o755)
+    inside = mount / executable.relative_to(prefix) if executable.is_relative_to(prefix) else executable
+
+    def seen(path: str) -> str:
+        path_ = Path(path).resolve()
+        return str(mount / path_.relative_to(prefix)) if path_.is_relative_to(prefix) else str(path_)
+
+    sitedirs = [seen(d) for d in [*site.getsitepackages(), *sys.path] if d and Path(d).is_dir()]
+    entry = pwd.getpwnam(user)
+    inner = " ".join(
+        [
+            f"mount --bind {shlex.quote(str(prefix))} {shlex.quote(str(mount))} &&",
+            f"exec setpriv --reuid={entry.pw_uid} --regid={entry.pw_gid} --clear-groups",
+            shlex.quote(str(inside)),
+            "-c",
+            shlex.quote(code),
+            *map(shlex.quote, args),
+        ]
+    )
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": "/tmp",
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "TFMAGIC_TEST_SITEDIRS": os.pathsep.join(dict.fromkeys(sitedirs)),
+    }
+    try:
+        done = subprocess.run(
+            ["unshare", "-m", "--propagation", "private", "sh", "-c", inner],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=timeout,
+        )
+    finally:
+        shutil.rmtree(mount, ignore_errors=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.cluster
+@pytest.mark.skipif(
+    os.getuid() != 0 or shutil.which("unshare") is None or shutil.which("setpriv") is None,
+    reason="running as another user needs root, unshare and setpriv (util-linux)",
+)
+def test_another_users_tensorflow_graph_is_refused_and_runs_on_an_unguarded_server(servers):
+    """Issue 24 item 0 with a second real user running TensorFlow itself (not only a socket): the
+    user ``nobody``, in its own Python process with this TensorFlow, sends a graph to each server.
+    The guarded server (the bind library's peer check, as every tfmagic task has it) never runs
+    it; the unguarded one does, so the test can fail."""
+    import pwd
+
+    guarded = f"grpc://127.0.0.1:{servers['guarded'].port}"
+    open_ = f"grpc://127.0.0.1:{servers['open'].port}"
+    said = as_another_user(EACH_CLIENT, guarded, open_)
+    assert said["uid"] == pwd.getpwnam("nobody").pw_uid
+    assert said[open_] == 42.0, said
+    assert said[guarded] in ("UnavailableError", "DeadlineExceededError"), said
+    assert "another user's process" in servers["guarded"].log.read_text(errors="replace")
+
+
 # --- another host: a network namespace on a veth pair ------------------------------------------
 
 HOST_ADDR, NS_ADDR = "10.241.0.1", "10.241.0.2"
