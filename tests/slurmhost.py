@@ -19,6 +19,7 @@ had open says goodbye, and Slurm notices it no longer answers after ``SlurmdTime
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -224,6 +225,13 @@ class PrivateSlurm:
             except (OSError, ValueError):
                 pass
 
+    def revive_link(self, name: str) -> None:
+        """Node ``name``'s link comes back with nothing running on it (a machine rebooting): its
+        address answers again, and a connection to a process it had answers with a reset."""
+        from .sshhosts import _run
+
+        _run("ip", "link", "set", f"tfmv{self._tag()}h{list(self.nodes).index(name)}", "up")
+
     def node_states(self) -> dict[str, str]:
         """Each node's state as Slurm says it (``{"n0": "idle", "n1": "down*"}``)."""
         out = self.run("sinfo", "-h", "-N", "-o", "%N %T").stdout
@@ -288,3 +296,20 @@ class PrivateSlurm:
                 _run("ip", "netns", "del", ns, check=False)
             for link in self.links:
                 _run("ip", "link", "del", link, check=False)
+
+
+@contextlib.contextmanager
+def running(root: Path, nodes: int | None = None):
+    """A :class:`PrivateSlurm` that this process's Slurm commands (and tfmagic's) use while the
+    block runs (``SLURM_CONF``, restored after), closed at its end."""
+    private = PrivateSlurm(root, nodes=nodes)
+    before = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = str(private.conf)
+    try:
+        yield private
+    finally:
+        private.close()
+        if before is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = before

@@ -7,7 +7,6 @@ all leave Slurm's queue empty and no task process behind; a job that waits says 
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -19,8 +18,9 @@ import pytest
 import tfmagic
 from tfmagic.errors import BadArgument, ClusterStartError, TfmagicError
 
+from . import slurmhost
 from .conftest import assert_gone, magic_refusal, poll_for, task_processes
-from .slurmhost import PrivateSlurm, skip_reason
+from .slurmhost import skip_reason
 
 pytestmark = pytest.mark.cluster
 
@@ -30,17 +30,8 @@ def slurm(tmp_path_factory):
     why = skip_reason()
     if why:
         pytest.skip(why)
-    private = PrivateSlurm(tmp_path_factory.mktemp("slurm"))
-    before = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = str(private.conf)
-    try:
+    with slurmhost.running(tmp_path_factory.mktemp("slurm")) as private:
         yield private
-    finally:
-        private.close()
-        if before is None:
-            os.environ.pop("SLURM_CONF", None)
-        else:
-            os.environ["SLURM_CONF"] = before
 
 
 def test_a_cluster_is_one_slurm_job_that_trains_and_stop_empties_the_queue(slurm, no_leaks):

@@ -412,7 +412,11 @@ class TrainingRun:
             )
         finally:
             self.control.stop()
-            join_worker_threads(self.policy.workers.values(), self.control)
+            waiting = join_worker_threads(self.policy.workers.values(), self.control)
+            if waiting and client.gate.drop(self.who):  # as stop() does: no later connection inherits them
+                self.history.add_event(
+                    "stopped", detail=f"the calls of {', '.join(waiting)} were left behind"
+                )
             self.policy.release_all()  # a task being removed need not wait for a run that ended
             following.close()
             self.scheduled.close()

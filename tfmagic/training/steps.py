@@ -101,14 +101,16 @@ def with_own_executor(fn, for_async: bool = False):
     return run
 
 
-def join_worker_threads(workers, control) -> None:
+def join_worker_threads(workers, control) -> list[str]:
     """Wait for the worker threads of a run that is ending: 30 s in all when it finished (their last
     rows), 2 s in all when it failed or was stopped, since a thread may be waiting on a task that no
-    longer answers (a node gone without a word: its calls wait out gRPC's deadline, a minute)."""
+    longer answers (a node gone without a word: its call waits until TCP gives up). Returns the
+    workers whose threads still wait."""
     deadline = time.monotonic() + (2 if control.reason or control.fatal else 30)
     for w in workers:
         if w.thread is not None:
             w.thread.join(max(0.0, deadline - time.monotonic()))
+    return [str(w.task) for w in workers if w.thread is not None and w.thread.is_alive()]
 
 
 def start_worker_thread(w, work, policy, kind: str) -> None:
