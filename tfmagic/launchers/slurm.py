@@ -344,7 +344,8 @@ class SlurmLauncher(RelayedLauncher):
                 found = ("UNKNOWN", "Slurm did not answer", "")
             if found is None or found[0].split()[0] in ENDED:
                 # None: Slurm has forgotten the job already (MinJobAge): it ended, how is not known
-                batch.state = found[0] if found else "ended"
+                known = batch.state.split(" ")[0] in ENDED  # a task's note may have learned it first
+                batch.state = found[0] if found else batch.state if known else "ended"
                 self.jobs.ended(batch)
                 return
             state, reason, nodes = found
@@ -505,13 +506,21 @@ class SlurmLauncher(RelayedLauncher):
                 found = job_state(batch.job_id)
             except (OSError, subprocess.SubprocessError, ClusterStartError):
                 return ""
-            state = found[0] if found else "ended"
-            batch.nodes = (found[2] if found else "") or batch.nodes
+            if found is None:
+                # Slurm has forgotten the job (MinJobAge) or did not answer: the queue watcher may
+                # have seen how it ended (measured: one task's note said "ended", its twins' CANCELLED)
+                seen = batch.finished.wait(max(0.0, min(2 * self.poll + 1, deadline - time.monotonic())))
+                state = batch.state if seen and batch.state.split(" ")[0] in ENDED else "ended"
+                break
+            state = found[0]
+            batch.nodes = found[2] or batch.nodes
             # COMPLETING: Slurm is ending the job's steps (a scancel a moment ago, or the job's end);
             # its final state follows within a second
             if state != "COMPLETING" or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
+        if state.split(" ")[0] in ENDED and batch.state.split(" ")[0] not in ENDED:
+            batch.state = state  # what one task's note learned, every other's says
         if state.split(" ")[0] not in ENDED - {"COMPLETED"} and state != "ended":
             return ""
         if state.startswith("NODE_FAIL") or state == "ended":  # which node, while Slurm still says
