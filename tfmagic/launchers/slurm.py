@@ -152,6 +152,11 @@ def job_state(job_id: str) -> tuple[str, str, str] | None:
     return None
 
 
+def is_final(state: str) -> bool:
+    """Whether Slurm's ``state`` (``"CANCELLED by 0"``, ``"PENDING (Resources)"``) is a job's end."""
+    return bool(state) and state.split()[0] in ENDED
+
+
 def failed_nodes(nodes: str) -> list[str]:
     """Which of ``nodes`` (Slurm's node list of a job, ``n[0-1]``) Slurm holds down or failed: why
     a job ended NODE_FAIL."""
@@ -342,10 +347,11 @@ class SlurmLauncher(RelayedLauncher):
                 found = job_state(batch.job_id or "")
             except (OSError, subprocess.SubprocessError, ClusterStartError):
                 found = ("UNKNOWN", "Slurm did not answer", "")
-            if found is None or found[0].split()[0] in ENDED:
-                # None: Slurm has forgotten the job already (MinJobAge): it ended, how is not known
-                known = batch.state.split(" ")[0] in ENDED  # a task's note may have learned it first
-                batch.state = found[0] if found else batch.state if known else "ended"
+            if found is None or is_final(found[0]):
+                if found is not None:
+                    batch.state = found[0]
+                elif not is_final(batch.state):  # a task's note may have learned how it ended first
+                    batch.state = "ended"  # Slurm has forgotten the job already (MinJobAge)
                 self.jobs.ended(batch)
                 return
             state, reason, nodes = found
@@ -382,9 +388,8 @@ class SlurmLauncher(RelayedLauncher):
             if batch.finished.is_set():
                 said = read_tail(str(out_path), 3).strip().replace("\n", "; ")
                 return (
-                    f"Slurm job {batch.job_id} ended{'' if batch.state == 'ended' else f' ({batch.state})'} before every "
-                    f"relay dialled back to "
-                    f"{address}" + (f": {said}" if said else "")
+                    f"Slurm job {batch.job_id} ended{'' if batch.state == 'ended' else f' ({batch.state})'} "
+                    f"before every relay dialled back to {address}" + (f": {said}" if said else "")
                 )
             never = next((r for r in NEVER if batch.state == f"PENDING ({r})"), None)
             if never is not None:
@@ -510,7 +515,7 @@ class SlurmLauncher(RelayedLauncher):
                 # Slurm has forgotten the job (MinJobAge) or did not answer: the queue watcher may
                 # have seen how it ended (measured: one task's note said "ended", its twins' CANCELLED)
                 seen = batch.finished.wait(max(0.0, min(2 * self.poll + 1, deadline - time.monotonic())))
-                state = batch.state if seen and batch.state.split(" ")[0] in ENDED else "ended"
+                state = batch.state if seen and is_final(batch.state) else "ended"
                 break
             state = found[0]
             batch.nodes = found[2] or batch.nodes
@@ -519,20 +524,24 @@ class SlurmLauncher(RelayedLauncher):
             if state != "COMPLETING" or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
-        if state.split(" ")[0] in ENDED and batch.state.split(" ")[0] not in ENDED:
+        if is_final(state) and not is_final(batch.state):
             batch.state = state  # what one task's note learned, every other's says
-        if state.split(" ")[0] not in ENDED - {"COMPLETED"} and state != "ended":
+        if state != "ended" and (not is_final(state) or state.split()[0] == "COMPLETED"):
             return ""
-        if state.startswith("NODE_FAIL") or state == "ended":  # which node, while Slurm still says
-            if batch.failed_nodes is None:
-                try:
-                    batch.failed_nodes = failed_nodes(batch.nodes)
-                except (OSError, subprocess.SubprocessError, ClusterStartError):
-                    batch.failed_nodes = []
-            if batch.failed_nodes:
-                nodes = ", ".join(batch.failed_nodes)
-                return f"Slurm ended job {batch.job_id} ({'NODE_FAIL: ' if state != 'ended' else ''}{nodes} stopped answering)"
+        down = self._down_nodes(batch) if state == "ended" or state.startswith("NODE_FAIL") else ""
+        if down:
+            return f"Slurm ended job {batch.job_id} ({'' if state == 'ended' else 'NODE_FAIL: '}{down} stopped answering)"
         return f"Slurm ended job {batch.job_id} ({state})"
+
+    @staticmethod
+    def _down_nodes(batch: Batch) -> str:
+        """The nodes of ``batch``'s job that Slurm holds down (asked once, while it still says)."""
+        if batch.failed_nodes is None:
+            try:
+                batch.failed_nodes = failed_nodes(batch.nodes)
+            except (OSError, subprocess.SubprocessError, ClusterStartError):
+                batch.failed_nodes = []
+        return ", ".join(batch.failed_nodes)
 
     def task_note(self, proc: Any) -> str:
         batch = self._batch_of.get(getattr(proc, "pid", None))
