@@ -225,13 +225,6 @@ class PrivateSlurm:
             except (OSError, ValueError):
                 pass
 
-    def revive_link(self, name: str) -> None:
-        """Node ``name``'s link comes back with nothing running on it (a machine rebooting): its
-        address answers again, and a connection to a process it had answers with a reset."""
-        from .sshhosts import _run
-
-        _run("ip", "link", "set", f"tfmv{self._tag()}h{list(self.nodes).index(name)}", "up")
-
     def node_states(self) -> dict[str, str]:
         """Each node's state as Slurm says it (``{"n0": "idle", "n1": "down*"}``)."""
         out = self.run("sinfo", "-h", "-N", "-o", "%N %T").stdout

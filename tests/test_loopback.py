@@ -357,6 +357,67 @@ def test_the_library_rewrites_only_wildcard_binds():
     assert got["v4_any"][0] == "0.0.0.0" and got["v6_any"][0] == "::"
 
 
+DEAD_PEER_PROBE = textwrap.dedent(
+    """
+    import errno, json, socket, sys, time
+    from tfmagic.network import bindguard
+    seconds, host, port, wait = float(sys.argv[1]), sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+    # Python's own socket module stands in for TensorFlow's libraries: same wrapper, same GOT patch
+    changed = bindguard.dead_peer_this_process(seconds, match="lib-dynload/_socket") if seconds else 0
+    s = socket.create_connection((host, port), timeout=10)
+    tcp = socket.IPPROTO_TCP
+    print(json.dumps({
+        "changed": changed,
+        "user_timeout": s.getsockopt(tcp, socket.TCP_USER_TIMEOUT),
+        "keepalive": s.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+        "idle": s.getsockopt(tcp, socket.TCP_KEEPIDLE),
+    }), flush=True)
+    if sys.stdin.readline().strip() == "send":
+        s.sendall(b"x" * 1000)
+        s.settimeout(wait)
+        start = time.monotonic()
+        try:
+            outcome = "answered" if s.recv(1) else "closed"
+        except OSError as exc:  # socket.timeout (errno None) is TimeoutError, as is ETIMEDOUT
+            outcome = "still waiting" if exc.errno is None else errno.errorcode.get(exc.errno, str(exc))
+        print(json.dumps({"outcome": outcome, "after": round(time.monotonic() - start, 2)}), flush=True)
+    """
+)
+
+
+def _dead_peer_probe(seconds: float, host: str, port: int, wait: float = 0.0) -> subprocess.Popen:
+    env = {**_child_env(guarded=False), "PYTHONPATH": str(Path(__file__).parents[1])}
+    return subprocess.Popen(
+        [sys.executable, "-c", DEAD_PEER_PROBE, str(seconds), host, str(port), str(wait)],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.mark.unit
+def test_connections_opened_after_the_dead_peer_patch_give_up_on_a_silent_peer_in_its_time():
+    """The kernel's TensorFlow gets the same wrapper (clientserver.give_up_on_silent_peers)."""
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        got = {}
+        for seconds in (7.0, 0.0):
+            probe = _dead_peer_probe(seconds, "127.0.0.1", port)
+            try:
+                got[seconds] = json.loads(probe.stdout.readline())
+                probe.stdin.write("done\n")
+                probe.stdin.close()
+                assert probe.wait(30) == 0
+            finally:
+                probe.kill()
+    assert got[7.0]["changed"] >= 1, got
+    assert got[7.0]["user_timeout"] == 7000 and got[7.0]["keepalive"] == 1 and got[7.0]["idle"] == 2, got
+    assert got[0.0]["user_timeout"] == 0 and got[0.0]["keepalive"] == 0, got  # TCP's own without it
+
+
 # --- real TensorFlow servers ------------------------------------------------------------------
 
 SERVER = textwrap.dedent(
@@ -678,3 +739,43 @@ def test_from_another_network_only_the_unguarded_server_is_reachable(servers, ne
         pytest.skip("a host firewall drops traffic from the namespace, so exposure cannot be shown here")
     assert got[open_] == "connected", got
     assert got[guarded] == "ECONNREFUSED", got
+
+
+SILENT_LISTENER = textwrap.dedent(
+    """
+    import socket, sys, time
+    listener = socket.create_server((sys.argv[1], 0))
+    print(listener.getsockname()[1], flush=True)
+    conns = [listener.accept() for _ in range(2)]
+    time.sleep(300)  # holds both connections, reads nothing, says nothing
+    """
+)
+
+
+@pytest.mark.cluster
+def test_a_peer_whose_link_dies_fails_the_waiting_call_in_the_patched_time_not_tcps_minutes(netns):
+    """A node that dies without a word: before the wrapper, a call waiting on it waited until TCP
+    gave up (about 15 minutes; TensorFlow's call to a dead Slurm node held the kernel that long)."""
+    listener = subprocess.Popen(
+        ["ip", "netns", "exec", netns, sys.executable, "-c", SILENT_LISTENER, NS_ADDR],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    probes = []
+    try:
+        port = int(listener.stdout.readline())
+        for seconds, wait in ((2.0, 20.0), (0.0, 6.0)):
+            probe = _dead_peer_probe(seconds, NS_ADDR, port, wait)
+            probes.append(probe)
+            json.loads(probe.stdout.readline())  # connected
+        _ip("-n", netns, "link", "set", f"tfmn{os.getpid() % 100000}", "down")  # the peer goes silent
+        for probe in probes:
+            probe.stdin.write("send\n")
+            probe.stdin.flush()
+        patched, plain = (json.loads(p.stdout.readline()) for p in probes)
+    finally:
+        for proc in (listener, *probes):
+            proc.kill()
+            proc.wait(10)
+    assert patched["outcome"] == "ETIMEDOUT" and patched["after"] < 10, patched
+    assert plain["outcome"] == "still waiting", plain  # TCP's own: the call would wait on

@@ -256,6 +256,7 @@ def connect(
         if first:
             clientserver.keep_local()
             clientserver.serve_lightly()
+            clientserver.give_up_on_silent_peers()
         host, port = address.rsplit(":", 1)
         peers = (
             set()

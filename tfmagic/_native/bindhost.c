@@ -46,6 +46,7 @@
 #include <link.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,6 +58,7 @@
 typedef int (*bind_fn)(int, const struct sockaddr *, socklen_t);
 typedef int (*accept_fn)(int, struct sockaddr *, socklen_t *);
 typedef int (*accept4_fn)(int, struct sockaddr *, socklen_t *, int);
+typedef int (*connect_fn)(int, const struct sockaddr *, socklen_t);
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static bind_fn real_bind;
@@ -250,6 +252,41 @@ int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags) {
     return guarded_accept4(fd, addr, len, flags);
 }
 
+/* -- connect: a peer that goes silent is given up in seconds ------------- */
+
+static connect_fn real_connect;
+static unsigned dead_peer_ms;
+
+/* TCP's own limit on a peer that stops answering (a machine that lost power, a link cut): about
+ * 15 minutes of retransmissions when data is unacknowledged, never when the connection just waits
+ * for an answer.  Before each TCP connect, ask the kernel to give up after dead_peer_ms without an
+ * acknowledgement (TCP_USER_TIMEOUT) and to probe an idle connection (keepalive), so gRPC sees the
+ * connection fail and the call waiting on it returns an error.  A peer whose machine is up (a
+ * process that is stopped, or busy for an hour) answers both, and keeps its connection. */
+static int watched_connect(int fd, const struct sockaddr *addr, socklen_t len) {
+    if (!real_connect) {
+        errno = ENOSYS;
+        return -1;
+    }
+    unsigned ms = __atomic_load_n(&dead_peer_ms, __ATOMIC_RELAXED);
+    if (ms && addr && (addr->sa_family == AF_INET || addr->sa_family == AF_INET6)) {
+        int type = 0;
+        socklen_t tlen = sizeof type;
+        if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tlen) == 0 && type == SOCK_STREAM) {
+            int saved = errno;
+            int on = 1, idle = ms / 3000 ? (int)(ms / 3000) : 1, interval = ms / 6000 ? (int)(ms / 6000) : 1,
+                count = 4;
+            setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
+            setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+            setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
+            setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count);
+            setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof ms);
+            errno = saved;
+        }
+    }
+    return real_connect(fd, addr, len);
+}
+
 /* -- the running process: rewrite the GOT entries of bind ----------------- */
 
 struct patch_job {
@@ -374,4 +411,16 @@ int tfmagic_own_peers_loaded(const char *match) {
     void *to[2] = {(void *)guarded_accept, (void *)guarded_accept4};
     for (int i = 0; i < 2; i++) changed += tfmagic_patch_got(match, symbols[i], to[i]);
     return changed;
+}
+
+/* The TCP connections the libraries under `match` open from now on give up on a silent peer after
+ * `ms` milliseconds (watched_connect; 0: TCP's own 15 minutes again).  Returns how many connect()
+ * entries point at the wrapper. */
+int tfmagic_dead_peer_loaded(const char *match, unsigned ms) {
+    pthread_once(&once, init);
+    if (!match) return -1;
+    if (!real_connect) real_connect = (connect_fn)dlsym(RTLD_DEFAULT, "connect");
+    if (!real_connect || real_connect == watched_connect) return 0;
+    __atomic_store_n(&dead_peer_ms, ms, __ATOMIC_SEQ_CST);
+    return tfmagic_patch_got(match, "connect", (void *)watched_connect);
 }

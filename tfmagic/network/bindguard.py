@@ -370,6 +370,29 @@ def own_peers_this_process(match: str = "/tensorflow/") -> int:
     return max(0, fn(match.encode()))
 
 
+def dead_peer_this_process(seconds: float, match: str = "/tensorflow/") -> int:
+    """TCP connections the libraries under ``match`` open from now on give up on a peer that stops
+    answering after ``seconds`` (0: TCP's own, about 15 minutes); returns how many ``connect``
+    entries now do (0: none could).
+
+    Why: a node that dies without a word (power, a cut link, a Slurm node failure) leaves
+    TensorFlow's call to it waiting until TCP gives up, and the notebook kernel cannot connect to
+    another cluster until then.  The library's ``connect`` wrapper sets ``TCP_USER_TIMEOUT`` and
+    keepalive probes on each new connection; a peer whose machine still answers (a stopped or busy
+    process) is never cut.
+    """
+    import ctypes
+
+    guard = bind_guard()
+    if not guard.available:
+        return 0
+    try:
+        fn = _loaded(guard.library, "tfmagic_dead_peer_loaded", ctypes.c_char_p, ctypes.c_uint)
+    except (OSError, AttributeError):
+        return 0
+    return max(0, fn(match.encode(), max(0, round(seconds * 1000))))
+
+
 def serving_threads_this_process(threads: int, match: str = "/tensorflow/") -> int:
     """TensorFlow servers this process starts from now on serve with ``threads`` threads (see
     ``_native/servethreads.c``); returns how many entries of the libraries under ``match`` now

@@ -89,6 +89,29 @@ def serve_lightly() -> int:
     return serving_threads_this_process(int(GRPC_ENV["TFMAGIC_SERVING_THREADS"]))
 
 
+#: How long this process's TensorFlow waits on a peer that stopped answering before its calls fail
+#: (``TFMAGIC_DEAD_PEER_S``; 0 keeps TCP's own, about 15 minutes): a node that died without a word
+#: otherwise holds the kernel's next connection that long.
+def _dead_peer_s(text: str | None, default: float = 30.0) -> float:
+    try:
+        value = float(text) if text else default
+    except ValueError:
+        return default  # a malformed setting keeps the default rather than failing every connection
+    return value if value >= 0 else default
+
+
+DEAD_PEER_S = _dead_peer_s(os.environ.get("TFMAGIC_DEAD_PEER_S"))
+
+
+def give_up_on_silent_peers() -> int:
+    """The connections TensorFlow opens from this process from now on fail ``DEAD_PEER_S`` after
+    their peer stops answering; returns how many library entries changed (0: none could).  Call
+    before the first connection."""
+    from .bindguard import dead_peer_this_process
+
+    return dead_peer_this_process(DEAD_PEER_S) if DEAD_PEER_S > 0 else 0
+
+
 def is_loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
