@@ -198,13 +198,24 @@ class PrivateSlurm:
     def _in_node(self, index: int, name: str, cmd: list[str]) -> list[str]:
         """``cmd`` run on node ``name``: in its network namespace (``nsenter``, which, unlike ``ip
         netns exec``, keeps this machine's /sys and its cgroups, which slurmd needs) and a UTS
-        namespace whose host name is the node's.  The node's name is the command's last word."""
-        inner = " ".join([f"hostname {name} &&", "exec", *cmd, "-f", str(self.conf)])
+        namespace whose host name is the node's, and a mount namespace where /etc/hosts names every
+        node.  The node's name is the command's last word."""
+        hosts = self.root / "hosts"
+        if not hosts.exists():
+            # the nodes know each other by name, as a real cluster's do (an exported script's
+            # SlurmClusterResolver dials n0:port): a hosts file of their own, over /etc/hosts
+            # in their mount namespace only
+            known = Path("/etc/hosts").read_text() if Path("/etc/hosts").exists() else ""
+            hosts.write_text(known + "".join(f"{addr} {node}\n" for node, addr in self.nodes.items()))
+        inner = " ".join(
+            [f"mount --bind {hosts} /etc/hosts && hostname {name} &&", "exec", *cmd, "-f", str(self.conf)]
+        )
         return [
             "nsenter",
             f"--net=/run/netns/{self.namespaces[index]}",
             "unshare",
             "--uts",
+            "--mount",
             "sh",
             "-c",
             inner,

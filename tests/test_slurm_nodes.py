@@ -11,6 +11,8 @@ queued or running.
 
 from __future__ import annotations
 
+import sys
+import textwrap
 import threading
 import time
 
@@ -73,6 +75,84 @@ def test_a_jobs_tasks_land_on_both_nodes_and_train_over_the_network(nodes, sprea
         assert outcome.status == "ok" and outcome.stdout == f"{on[str(task)]}\n", outcome
 
 
+TRAIN_PY = textwrap.dedent(
+    """
+    # Between-graph replication, TF1 style (the seeds' programs): w on the ps, each worker's own graph.
+    import json, os, socket
+    import numpy as np
+    import tensorflow as tf
+    tf1 = tf.compat.v1
+    tf1.disable_eager_execution()
+    config = json.loads(os.environ["TF_CONFIG"])
+    index = config["task"]["index"]
+    with tf1.device(tf1.train.replica_device_setter(cluster=tf.train.ClusterSpec(config["cluster"]))):
+        step = tf1.train.get_or_create_global_step()
+        w = tf1.get_variable("w", initializer=0.0)
+        x = tf1.placeholder(tf.float32, [None])
+        loss = tf.reduce_mean(tf.square(w * x - 3.0 * x))
+        train = tf1.train.GradientDescentOptimizer(0.1).minimize(loss, global_step=step)
+    hooks = [tf1.train.StopAtStepHook(last_step=200)]
+    mine = 0
+    rng = np.random.default_rng(index)
+    # device filters: a worker talks to the ps and itself only, so one that starts after the other
+    # has finished (and its server with it) does not wait for it for ever at session creation
+    config = tf1.ConfigProto(device_filters=["/job:ps", f"/job:worker/task:{index}"])
+    with tf1.train.MonitoredTrainingSession(
+        master=server.target, is_chief=index == 0, hooks=hooks, config=config
+    ) as sess:
+        while not sess.should_stop():
+            sess.run(train, {x: rng.uniform(-1, 1, 32)})
+            mine += 1
+    print(f"worker {index}: {mine} steps of mine on {socket.gethostname()}", flush=True)
+    with tf1.Session(server.target, config=config) as sess:
+        print(f"worker {index}: w {sess.run(w):.3f} at global step {sess.run(step)}", flush=True)
+    """
+)
+
+
+def test_an_exported_slurm_script_trains_over_both_nodes_when_sbatch_runs_it(nodes, tmp_path):
+    """tfmagic export slurm's script, submitted with sbatch to the two nodes, trains between-graph:
+    SlurmClusterResolver's addresses are the nodes' names, each task's server on its node."""
+    from tfmagic.export import write_export
+    from tfmagic.network.ports import free_port
+    from tfmagic.spec import ClusterShape
+
+    (tmp_path / "train.py").write_text(TRAIN_PY)
+    script = write_export(
+        "slurm",
+        tmp_path / "job.sbatch",
+        ClusterShape(ps=1, workers=2),
+        python=sys.executable,
+        port=free_port(),
+        partition="debug",
+        time="10",
+        output=str(tmp_path / "job-%j.out"),
+    )
+    done = nodes.run("sbatch", "--parsable", "--nodes=2", f"--chdir={tmp_path}", str(script))
+    assert done.returncode == 0, done.stdout + done.stderr
+    # (not sbatch --wait: it kept polling for a job Slurm had already forgotten, MinJobAge=2 here)
+    job = done.stdout.strip()
+
+    def queued() -> bool:  # this job (the module's cluster has its own)
+        return any(line.split()[0] == job for line in nodes.queue())
+
+    poll_for(
+        lambda: not queued(),
+        240,
+        interval=0.5,
+        what=lambda: f"Slurm job {job} to end ({nodes.describe()})",
+    )
+    out = "".join(p.read_text() for p in tmp_path.glob("job-*.out"))
+    finals = [line for line in out.splitlines() if " w " in line and "global step" in line]
+    mine = [int(line.split(": ")[1].split()[0]) for line in out.splitlines() if "steps of mine" in line]
+    assert len(finals) == 2 and len(mine) == 2 and sum(mine) >= 200, out[-3000:]
+    hosts = {line.rsplit(" on ", 1)[1] for line in out.splitlines() if "steps of mine" in line}
+    assert hosts == {"n0", "n1"}, out[-3000:]  # one worker on each node (Slurm's block placement)
+    for line in finals:
+        w, step = float(line.split(" w ")[1].split()[0]), int(line.rsplit(" ", 1)[1])
+        assert abs(w - 3.0) < 0.1 and step >= 200, line
+
+
 def test_a_node_that_dies_ends_the_run_in_one_line_naming_it_and_leaves_nothing(nodes, spread, local_cluster):
     """Before: the run's threads waited on the dead node's calls a minute, or for ever, after
     Slurm had ended the job (TensorFlow's executor wrapper waiting on the shared executor), and
@@ -89,6 +169,7 @@ def test_a_node_that_dies_ends_the_run_in_one_line_naming_it_and_leaves_nothing(
     run = tfmagic.train(spread, mode="async", model="digits", steps=10**6, lr=0.05, block=False)
     poll_for(lambda: run.history.steps > 20, 60, what="the run's first updates")
     nodes.kill_node("n1")
+    killed = time.monotonic()
     # Slurm holds a silent node down after SlurmdTimeout (it pings a third as often) and ends the job
     poll_for(lambda: not nodes.queue(), 10 * NODE_TIMEOUT, what=f"Slurm to end job {job}: {nodes.describe()}")
     gone = time.monotonic()
@@ -113,6 +194,9 @@ def test_a_node_that_dies_ends_the_run_in_one_line_naming_it_and_leaves_nothing(
         clientserver.DEAD_PEER_S + 30,
         what="the call to the dead node to fail once TCP gives up on it (the node is still dead)",
     )
+    # every connection to n1 has given up by now (its last answer came before the kill; keepalive
+    # probes of an idle one go on at most DEAD_PEER_S): the next connection is not held by it
+    time.sleep(max(0.0, killed + clientserver.DEAD_PEER_S + 5 - time.monotonic()))
     local_cluster.connect()
     with local_cluster.device("worker:0"):
         assert float(tf.constant(1.0) + 1.0) == 2.0
