@@ -490,8 +490,11 @@ def _relay_hint(cluster, exc: Exception) -> str:
     Issue 22's open fault 4: in about 1 run of 25 started just after the relay was killed, every
     worker's call failed "Socket closed" for as long as the run tried, without one connection reaching
     the new relay, while the kernel's own calls got through; the next run trained every time (5 of 5).
-    Whether this run's calls reached the relay is not checked here, so the hint says what may be, not
-    what was.
+    Measured 2026-12-04 (session 26): in that state the worker process makes no connect() at all for
+    seconds (strace) while its calls fail at once, and placing the worker's step functions and input
+    again (as a respread does) does not clear it (tried: the run then never ended); a new run, which
+    also makes new variables on the ps, does.  Whether this run's calls reached the relay is not
+    checked here, so the hint says what may be, not what was.
     """
     shaper = getattr(cluster, "shaper", None)
     since = getattr(shaper, "restarted_at", None)
