@@ -487,23 +487,19 @@ class FailurePolicy:
 def _relay_hint(cluster, exc: Exception) -> str:
     """What a worker's calls that keep failing unavailable may owe to a relay started again earlier.
 
-    Issue 22's open fault 4: in about 1 run of 25 started just after the relay was killed, every
-    worker's call failed "Socket closed" for as long as the run tried, without one connection reaching
-    the new relay, while the kernel's own calls got through; the next run trained every time (5 of 5).
-    Measured 2026-12-04 (session 26): in that state the worker process makes no connect() at all for
-    seconds (strace) while its calls fail at once, and placing the worker's step functions and input
-    again (as a respread does) does not clear it (tried: the run then never ended); a new run, which
-    also makes new variables on the ps, does.  Whether this run's calls reached the relay is not
-    checked here, so the hint says what may be, not what was.
+    Issue 22's fault 4 was such a case: in about 1 run of 25 started just after the relay was killed,
+    every call failed "Socket closed" at once for the whole run, because a variable made as the relay
+    restarted had a poisoned handle in this process (TensorFlow's "SetRemoteShape status: UNAVAILABLE");
+    the run's setup now checks every handle and starts again (``ParameterStore.check_handles``).  The
+    hint stays for what else a restart may leave; it says what may be, not what was.
     """
     shaper = getattr(cluster, "shaper", None)
     since = getattr(shaper, "restarted_at", None)
     if since is None or type(exc).__name__ != "UnavailableError":
         return ""
     return (
-        f"; the network relay was started again {time.monotonic() - since:.0f} s ago (pid {shaper.pid}), and "
-        "a run begun just after such a restart sometimes never connects through it: train again (a new "
-        "run connects anew)"
+        f"; the network relay was started again {time.monotonic() - since:.0f} s ago (pid {shaper.pid}): "
+        "if every task lives, train again (a new run makes its variables anew)"
     )
 
 

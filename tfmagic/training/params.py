@@ -80,6 +80,28 @@ class ParameterStore:
             self.optimizer.create_slots(self.variables)
             if slots:
                 self.optimizer.load_state(slots)
+            self.check_handles()
+
+    def check_handles(self) -> None:
+        """Use every variable's handle once, and wait: raises what a handle is poisoned with.
+
+        Why (issue 22's fault 4): a variable made just as the network relay restarted can exist on
+        the ps while this process's handle to it is poisoned ("SetRemoteShape status: UNAVAILABLE:
+        Socket closed" in TensorFlow's log); every later op on it then fails at once with "Socket
+        closed", without a connection attempt, for the whole run (bench/relay_restart.py: about 1 run
+        in 25). Raised here, the run's setup starts again (the caller's retry) with new variables.
+        """
+        import tensorflow as tf
+
+        handles = [*self.variables, *self.optimizer.slots, self.global_step]
+        checks = []
+        for v in handles:
+            if v is None:
+                continue
+            with tf.device(v.device):
+                checks.append(tf.raw_ops.VarIsInitializedOp(resource=v.handle))
+        for check in checks:
+            check.numpy()
 
     def make_buffers(self, workers: int) -> None:
         """Sync: one gradient buffer per worker and variable, on the variable's ps.
