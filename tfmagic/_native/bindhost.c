@@ -262,7 +262,8 @@ static unsigned dead_peer_ms;
  * for an answer.  Before each TCP connect, ask the kernel to give up after dead_peer_ms without an
  * acknowledgement (TCP_USER_TIMEOUT) and to probe an idle connection (keepalive), so gRPC sees the
  * connection fail and the call waiting on it returns an error.  A peer whose machine is up (a
- * process that is stopped, or busy for an hour) answers both, and keeps its connection. */
+ * process that is stopped, or busy for an hour) answers both, and keeps its connection, unless it
+ * stays stopped while its receive buffer is full (Linux counts a closed window against the timeout). */
 static int watched_connect(int fd, const struct sockaddr *addr, socklen_t len) {
     if (!real_connect) {
         errno = ENOSYS;

@@ -321,6 +321,19 @@ def _loaded(library: str, name: str, *argtypes):
     return fn
 
 
+def _patched_entries(name: str, argtypes: tuple, *args) -> int:
+    """Call the bind library's ``name`` (one that points entries of this process's loaded libraries at
+    a wrapper) with ``args``; how many entries it changed, 0 when the library is not available here."""
+    guard = bind_guard()
+    if not guard.available:
+        return 0
+    try:
+        fn = _loaded(guard.library, name, *argtypes)
+    except (OSError, AttributeError):
+        return 0
+    return max(0, fn(*args))
+
+
 def guard_this_process(host: str = "127.0.0.1", match: str = "/tensorflow/") -> tuple[int, str]:
     """Rewrite wildcard binds of the libraries already loaded in this process whose path contains
     ``match`` (TensorFlow's own) to ``host``; returns (entries changed, reason when none).
@@ -360,14 +373,9 @@ def own_peers_this_process(match: str = "/tensorflow/") -> int:
     """
     import ctypes
 
-    guard = bind_guard()
-    if not guard.available or not peers_checkable():
+    if not peers_checkable():
         return 0
-    try:
-        fn = _loaded(guard.library, "tfmagic_own_peers_loaded", ctypes.c_char_p)
-    except (OSError, AttributeError):
-        return 0
-    return max(0, fn(match.encode()))
+    return _patched_entries("tfmagic_own_peers_loaded", (ctypes.c_char_p,), match.encode())
 
 
 def dead_peer_this_process(seconds: float, match: str = "/tensorflow/") -> int:
@@ -379,18 +387,13 @@ def dead_peer_this_process(seconds: float, match: str = "/tensorflow/") -> int:
     TensorFlow's call to it waiting until TCP gives up, and the notebook kernel cannot connect to
     another cluster until then.  The library's ``connect`` wrapper sets ``TCP_USER_TIMEOUT`` and
     keepalive probes on each new connection; a peer whose machine still answers (a stopped or busy
-    process) is never cut.
+    process) keeps it, unless it stays stopped while more than its receive buffer waits for it (Linux
+    then counts the closed window as silence too).
     """
     import ctypes
 
-    guard = bind_guard()
-    if not guard.available:
-        return 0
-    try:
-        fn = _loaded(guard.library, "tfmagic_dead_peer_loaded", ctypes.c_char_p, ctypes.c_uint)
-    except (OSError, AttributeError):
-        return 0
-    return max(0, fn(match.encode(), max(0, round(seconds * 1000))))
+    ms = max(0, round(seconds * 1000))
+    return _patched_entries("tfmagic_dead_peer_loaded", (ctypes.c_char_p, ctypes.c_uint), match.encode(), ms)
 
 
 def serving_threads_this_process(threads: int, match: str = "/tensorflow/") -> int:
@@ -403,11 +406,6 @@ def serving_threads_this_process(threads: int, match: str = "/tensorflow/") -> i
     """
     import ctypes
 
-    guard = bind_guard()
-    if not guard.available:
-        return 0
-    try:
-        fn = _loaded(guard.library, "tfmagic_serving_threads_loaded", ctypes.c_char_p, ctypes.c_int)
-    except (OSError, AttributeError):
-        return 0
-    return max(0, fn(match.encode(), int(threads)))
+    return _patched_entries(
+        "tfmagic_serving_threads_loaded", (ctypes.c_char_p, ctypes.c_int), match.encode(), int(threads)
+    )

@@ -89,9 +89,6 @@ def serve_lightly() -> int:
     return serving_threads_this_process(int(GRPC_ENV["TFMAGIC_SERVING_THREADS"]))
 
 
-#: How long this process's TensorFlow waits on a peer that stopped answering before its calls fail
-#: (``TFMAGIC_DEAD_PEER_S``; 0 keeps TCP's own, about 15 minutes): a node that died without a word
-#: otherwise holds the kernel's next connection that long.
 def _dead_peer_s(text: str | None, default: float = 30.0) -> float:
     try:
         value = float(text) if text else default
@@ -100,6 +97,9 @@ def _dead_peer_s(text: str | None, default: float = 30.0) -> float:
     return value if value >= 0 else default
 
 
+#: How long this process's TensorFlow waits on a peer that stopped answering before its calls fail
+#: (``TFMAGIC_DEAD_PEER_S``; 0 keeps TCP's own, about 15 minutes): a node that died without a word
+#: otherwise holds the kernel's next connection that long.
 DEAD_PEER_S = _dead_peer_s(os.environ.get("TFMAGIC_DEAD_PEER_S"))
 
 
