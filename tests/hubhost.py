@@ -2,8 +2,12 @@
 
 ``jupyterhub`` (PyPI) with ``configurable-http-proxy`` (npm; ``.ci/run`` installs both), the dummy
 authenticator (one password for everyone, fit for tests) and single-user servers spawned as local
-processes (``SimpleLocalProcessSpawner``: one Unix user, a home of their own each, and JupyterHub's
-own identity for each: the scopes, the tokens and the hub's checks are the real ones).  Groups and
+processes (``SimpleLocalProcessSpawner``, a home of their own each, and JupyterHub's own identity for
+each: the scopes, the tokens and the hub's checks are the real ones).  Run as root, each user's server,
+kernels and tasks run as a **Unix user of their own** (``tfmagic-test-<name>``, made for the hub and
+removed with it), as The Littlest JupyterHub runs its users: :data:`AS_USER` drops to that user
+after binding this Python's installation where other users can read it (it may live under
+``/root``, mode 0700), as tests/test_loopback.py's ``as_another_user`` does.  Groups and
 the tfmagic service come from the config text the test gives (``tfmagic.hub.configure``).  A test
 admin service holds a token to start servers and make tokens; nothing a student or teacher does
 goes through it.
@@ -19,8 +23,10 @@ import os
 import secrets
 import shutil
 import signal
+import subprocess
 import sys
 import sysconfig
+import tempfile
 import textwrap
 import urllib.error
 import urllib.request
@@ -34,6 +40,39 @@ from .conftest import assert_gone, poll_for, task_processes
 from .jupyterutil import ServedProcess
 
 PROXY = shutil.which("configurable-http-proxy")
+#: the Unix user a hub user's server runs as (``Hub.as_users``)
+UNIX_USER = "tfmagic-test-{name}"
+
+#: The spawner's command when users are Unix users: run as root by the hub, it binds this Python's
+#: installation (argv[1]) onto a folder every user can read (argv[2]) in a mount namespace of the
+#: server's own and becomes the hub user's Unix user before it starts the single-user server there.
+#: LD_LIBRARY_PATH: the interpreter's RUNPATH names the installation's own path, which the user
+#: cannot enter; without it the loader finds the system's libpython, whose layout has no
+#: site-packages.
+AS_USER = textwrap.dedent(
+    """\
+    import os, pwd, shlex, sys
+    prefix, mount, python = sys.argv[1:4]
+    entry = pwd.getpwnam(UNIX_USER.format(name=os.environ["JUPYTERHUB_USER"]))
+    os.environ["LD_LIBRARY_PATH"] = os.path.join(mount, "lib")
+    os.environ["PATH"] = os.path.join(mount, "bin") + os.pathsep + os.environ.get("PATH", "/usr/bin:/bin")
+    os.environ["USER"] = os.environ["LOGNAME"] = entry.pw_name
+    inner = " ".join([
+        "mount --bind", shlex.quote(prefix), shlex.quote(mount), "&&",
+        "exec setpriv", f"--reuid={entry.pw_uid}", f"--regid={entry.pw_gid}", "--clear-groups",
+        shlex.quote(python), "-m jupyterhub.singleuser", *map(shlex.quote, sys.argv[4:]),
+    ])
+    os.execvp("unshare", ["unshare", "-m", "--propagation", "private", "sh", "-c", inner])
+    """
+)
+
+
+def unix_users_here() -> str | None:
+    """Why users' servers cannot run as Unix users of their own here, or None."""
+    if os.geteuid() != 0:
+        return "not root"
+    missing = [c for c in ("unshare", "setpriv", "useradd", "userdel") if shutil.which(c) is None]
+    return f"no {', '.join(missing)} (util-linux, passwd)" if missing else None
 
 
 def available() -> str | None:
@@ -53,14 +92,26 @@ class Hub(ServedProcess):
     what = "the hub"
 
     def __init__(
-        self, tmp: Path, config: str, env: dict[str, str] | None = None, ready_s: float = 120
+        self,
+        tmp: Path,
+        config: str,
+        env: dict[str, str] | None = None,
+        ready_s: float = 120,
+        as_users: bool | None = None,
     ) -> None:
+        """``as_users``: each user's server as a Unix user of their own (default: where
+        :func:`unix_users_here` allows it)."""
         self.tmp = tmp
         self.port, self.hub_port, self.proxy_api = free_port(), free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         self.admin_token = secrets.token_hex(16)
-        self.homes = tmp / "home"
-        self.homes.mkdir(exist_ok=True)
+        self.as_users = unix_users_here() is None if as_users is None else as_users
+        self.made_users: list[str] = []
+        # outside pytest's own folder (mode 0700): each user enters their home
+        self.shared = Path(tempfile.mkdtemp(prefix="tfmagic-hub-"))
+        self.shared.chmod(0o755)
+        self.homes = self.shared / "home"
+        self.homes.mkdir()
         keep = {"TFMAGIC_SPARES": "0", **(env or {})}
         installed = (
             Path(sysconfig.get_path("data")) / "etc" / "jupyter" / "jupyter_server_config.d" / "tfmagic.json"
@@ -69,6 +120,24 @@ class Hub(ServedProcess):
             # an editable install (pip install -e) installs no data files: the same file from the
             # repository, through the same config mechanism (as tests/test_server.py does)
             keep["JUPYTER_CONFIG_PATH"] = str(Path(__file__).resolve().parents[1] / "jupyter-config")
+        if self.as_users:
+            prefix = Path(sys.base_prefix).resolve()
+            python = Path(sys.executable).resolve()
+            mount = self.shared / "python"
+            mount.mkdir(mode=0o755)
+            wrapper = self.shared / "as_user.py"
+            wrapper.write_text(f"UNIX_USER = {UNIX_USER!r}\n" + AS_USER)
+            cmd = [
+                sys.executable,
+                str(wrapper),
+                str(prefix),
+                str(mount),
+                str(mount / python.relative_to(prefix)),
+            ]
+            args = []
+        else:
+            cmd = [sys.executable, "-m", "jupyterhub.singleuser"]
+            args = ["--allow-root"] if os.geteuid() == 0 else []
         cfg = tmp / "jupyterhub_config.py"
         cfg.write_text(
             textwrap.dedent(
@@ -88,8 +157,8 @@ class Hub(ServedProcess):
                 c.Authenticator.allow_all = True
                 c.JupyterHub.spawner_class = "simple"
                 c.SimpleLocalProcessSpawner.home_dir_template = {str(self.homes / "{username}")!r}
-                c.Spawner.cmd = [sys.executable, "-m", "jupyterhub.singleuser"]
-                c.Spawner.args = {["--allow-root"] if os.geteuid() == 0 else []!r}
+                c.Spawner.cmd = {cmd!r}
+                c.Spawner.args = {args!r}
                 c.Spawner.http_timeout = 120
                 c.Spawner.start_timeout = 180
                 c.Spawner.environment = {keep!r}
@@ -137,8 +206,38 @@ class Hub(ServedProcess):
         except ValueError:
             return status, raw
 
+    def unix_user(self, name: str) -> str:
+        """The Unix user ``name``'s server runs as, made (with its home) if it does not exist."""
+        user = UNIX_USER.format(name=name)
+        home = self.homes / name
+        home.mkdir(exist_ok=True)
+        if self.as_users:
+            if subprocess.run(["id", "-u", user], capture_output=True).returncode != 0:
+                made = subprocess.run(
+                    [
+                        "useradd",
+                        "--system",
+                        "--user-group",
+                        "--no-create-home",
+                        "--home-dir",
+                        str(home),
+                        "--shell",
+                        "/usr/sbin/nologin",
+                        user,
+                    ],
+                    capture_output=True,
+                    text=True,
+                )
+                assert made.returncode == 0, made.stderr
+                self.made_users.append(user)
+            (home / "runtime").mkdir(exist_ok=True)
+            subprocess.run(["chown", "-R", f"{user}:{user}", str(home)], check=True)
+            home.chmod(0o700)
+        return user if self.as_users else psutil.Process().username()
+
     def start_server(self, name: str, timeout: float = 180) -> UserServer:
         """Spawn ``name``'s single-user server (as the hub's spawn button does) and wait until it is ready."""
+        self.unix_user(name)
         status, body = self.call("POST", f"hub/api/users/{name}/server")
         assert status in (201, 202, 400), (status, body)  # 400: already running
 
@@ -175,10 +274,16 @@ class Hub(ServedProcess):
             self.proc.kill()
             self.proc.wait(10)
         self._log.close()
-        if check:
-            assert_gone(
-                set(spawned) | ({proxy} if proxy else set()) | (set(task_processes()) - self.before), gone_s
-            )
+        try:
+            if check:
+                assert_gone(
+                    set(spawned) | ({proxy} if proxy else set()) | (set(task_processes()) - self.before),
+                    gone_s,
+                )
+        finally:
+            for user in self.made_users:
+                subprocess.run(["userdel", user], capture_output=True)
+            shutil.rmtree(self.shared, ignore_errors=True)
 
 
 class UserServer:

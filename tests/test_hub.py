@@ -209,6 +209,67 @@ def test_scopes_keep_students_apart_and_teachers_read_only(hub, students):
     assert hub.call("GET", "user/alice/tfmagic/api/class", token="not-a-token")[0] == 403
 
 
+#: Run by a student's kernel in a process of its own, as that student: a graph sent to each target
+#: (``name=grpc://host:port``), what it returned or the error's type, and the process's uid.
+PROBE = """
+import json, os, sys
+import tensorflow as tf
+results = {"uid": os.getuid()}
+for arg in sys.argv[1:]:
+    name, target = arg.split("=", 1)
+    with tf.Graph().as_default():
+        x = tf.constant(6.0) * tf.constant(7.0)
+        config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=8000)
+        try:
+            with tf.compat.v1.Session(target, config=config) as session:
+                results[name] = float(session.run(x))
+        except tf.errors.OpError as exc:
+            results[name] = type(exc).__name__
+print(json.dumps(results))
+"""
+
+
+def _targets(kernel) -> dict[str, str]:
+    """Where a student's tasks and kernel serve TensorFlow, as ``grpc://`` targets."""
+    said = kernel.run(
+        "import json\nfrom tfmagic import client\n_c = tfmagic.current_cluster()\n"
+        "_jobs = _c.spec.as_dict()\n"
+        "print(json.dumps({'ps:0': _jobs['ps'][0], 'worker:0': _jobs['worker'][0], "
+        "'kernel': f'127.0.0.1:{client.client_port()}'}))"
+    )
+    return {name: f"grpc://{address}" for name, address in json.loads(said.strip().splitlines()[-1]).items()}
+
+
+@on_the_hub
+def test_a_students_graph_is_refused_by_every_task_and_the_kernel_of_another(hub, students):
+    """Issue 24 item 0 on the hub itself, with the students as the Unix users a hub gives them: a
+    graph bob's kernel sends (from a process of his, as a student's own code would) to each of alice's
+    tasks and to her kernel's own TensorFlow server is never run there, while the same graph sent to
+    bob's own tasks and kernel returns 42, so the check can fail."""
+    import pwd
+
+    import psutil
+
+    if not hub.as_users:
+        pytest.skip("the hub's users are not Unix users of their own here (needs root, unshare, setpriv)")
+    alice, bob = _targets(students["alice"]), _targets(students["bob"])
+    args = [f"alice/{n}={t}" for n, t in alice.items()] + [f"bob/{n}={t}" for n, t in bob.items()]
+    said = students["bob"].run(
+        "import subprocess, sys\n"
+        f"_p = subprocess.run([sys.executable, '-c', {PROBE!r}, *{args!r}], capture_output=True, text=True, timeout=150)\n"
+        "print(_p.stdout.strip().splitlines()[-1] if _p.stdout.strip() else 'no output: ' + _p.stderr[-800:])",
+        timeout=180,
+    )
+    results = json.loads(said.strip().splitlines()[-1])
+    assert results["uid"] == pwd.getpwnam("tfmagic-test-bob").pw_uid, results
+    for name in alice:
+        assert results[f"bob/{name}"] == 42.0, results
+        assert results[f"alice/{name}"] in ("UnavailableError", "DeadlineExceededError"), results
+    # and alice's tasks are hers: processes of her own Unix user
+    ps = int(students["alice"].run("print(tfmagic.current_cluster().procs['ps:0'].task_pid)").split()[-1])
+    assert psutil.Process(ps).username() == "tfmagic-test-alice"
+
+
 @on_the_hub
 def test_a_start_beyond_the_hubs_limit_is_refused_in_one_line(hub, students):
     out = students["alice"].run("%tf_cluster add worker --count 6")
