@@ -22,6 +22,7 @@ import tfmagic
 from tfmagic import client
 from tfmagic.errors import ClientBusy
 from tfmagic.network import clientserver
+from tfmagic.spec import TaskName
 
 from . import slurmhost
 from .conftest import assert_gone, poll_for
@@ -41,9 +42,10 @@ def nodes(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def spread(nodes):
-    """1 ps + 2 workers in one job over both nodes; the relays dial back to this machine's bridge address."""
+    """1 ps + 2 workers in one job over both nodes; the relays dial back to this machine's bridge address.
+    ps:0 has a modelled card (``net="ps:0"``: a relay here, no limit until a test sets one)."""
     cluster = tfmagic.SlurmCluster(
-        ps=1, workers=2, address=nodes.address, sbatch=["--nodes=2"], time="10", start_timeout=120
+        ps=1, workers=2, address=nodes.address, sbatch=["--nodes=2"], time="10", start_timeout=120, net="ps:0"
     )
     try:
         cluster.start()
@@ -61,11 +63,16 @@ def test_a_jobs_tasks_land_on_both_nodes_and_train_over_the_network(nodes, sprea
     on = {task: note.rsplit(" on ", 1)[-1] for task, note in where.items()}
     assert set(on.values()) == {"n0", "n1"}, where
     assert all(note.startswith(f"Slurm job {job} on ") for note in where.values()), where
-    # each task's server is on its node's address, which the kernel and the other tasks reach
+    # each task's server is on its node's address, which the kernel and the other tasks reach; ps:0's
+    # address is its card's relay, here on this machine's bridge address, which passes on to its node
     addresses = spread.cluster_def.as_dict()
     for job_name, hosts in addresses.items():
         for index, host in enumerate(hosts):
-            assert host.rsplit(":", 1)[0] == nodes.nodes[on[f"{job_name}:{index}"]], (addresses, on)
+            task = f"{job_name}:{index}"
+            where = nodes.address if task == "ps:0" else nodes.nodes[on[task]]
+            assert host.rsplit(":", 1)[0] == where, (addresses, on)
+    route = spread.shaper.given_routes["ps:0"]
+    assert route["target"] == f"{nodes.nodes[on['ps:0']]}:{spread.network.bind_ports[TaskName('ps', 0)]}"
     run = tfmagic.train(spread, mode="async", model="digits", steps=40, lr=0.05)
     assert run.steps == 40 and set(run.by_task()) == {"worker:0", "worker:1"}
     from tfmagic.px import run_px
@@ -74,6 +81,45 @@ def test_a_jobs_tasks_land_on_both_nodes_and_train_over_the_network(nodes, sprea
     for task in spread.procs:
         outcome = outcomes[str(task)]
         assert outcome.status == "ok" and outcome.stdout == f"{on[str(task)]}\n", outcome
+
+
+def test_a_card_shapes_a_ps_on_another_node_and_the_relay_admits_only_the_clusters_hosts(nodes, spread):
+    """Issue 25: the modelled network on Slurm. ps:0 runs on a node; its card's relay runs here, on the
+    address the nodes reach this machine at, and every connection to ps:0 crosses it: a read of 2.5 MB
+    from it at 20 mbit takes at least the modelled second (a card not applied would take a fraction),
+    and the card's bytes count it. The relay listens where other machines reach it, so it admits only
+    the cluster's hosts: a connection from another address is closed unread and counted."""
+    import socket
+
+    import tensorflow as tf
+
+    relay_port = int(spread.cluster_def.address("ps:0").rsplit(":", 1)[1])
+    with tf.device("/job:ps/task:0"):
+        v = tf.Variable(tf.zeros([625_000]))  # 2.5 MB
+    v.read_value().numpy()
+    before = spread.shaper.routes()["ps:0"]["out"]
+    spread.net("ps:0", rate="20mbit")
+    try:
+        t0 = time.monotonic()
+        v.read_value().numpy()
+        took = time.monotonic() - t0
+    finally:
+        spread.net("ps:0", rate=None)
+    assert took >= 0.8, f"2.5 MB at 20 mbit took {took:.2f} s: the card was not applied"
+    assert spread.shaper.routes()["ps:0"]["out"] - before >= 2_500_000
+    # a stranger: this machine's loopback address is not one of the cluster's hosts
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.settimeout(5)
+        s.connect((nodes.address, relay_port))
+        s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        try:
+            got = s.recv(100)
+        except ConnectionResetError:
+            got = b""
+    assert got == b"", got
+    stats = spread.shaper.routes()["ps:0"]
+    assert stats["connections"].get("refused", 0) >= 1, stats
 
 
 TRAIN_PY = textwrap.dedent(

@@ -260,8 +260,11 @@ def check(request: ClusterRequest) -> Backend:
         from .network.shaper import parse_net
 
         parse_net(request.net)  # one line now, not after the old cluster stopped
-        if request.backend != "local":
-            raise BadClusterShape("a modelled network (--net) works on local clusters only")
+        if request.backend == "ssh":
+            raise BadClusterShape(
+                "a modelled network (--net) needs a relay on this machine that the tasks reach directly, "
+                "and ssh tasks reach it through tunnels or not at all; use a local, Slurm or Spark cluster"
+            )
     if request.collective and request.ps:
         raise BadClusterShape("collective mode (all-reduce) has no parameter servers; use ps=0")
     if request.gpus and len(request.gpus) not in (1, request.workers):

@@ -270,7 +270,7 @@ class Cluster:
         try:
             procs, warm = self.taskset.processes_for(tasks, self.launcher.hosts_for(len(tasks)), say)
             defn = self.taskset.choose_addresses(procs)
-            self.network.route(tasks, procs, defn)
+            defn = self.network.route(tasks, procs, defn)
             self.launcher.prepare(defn.as_dict(), procs)
             self.taskset.bring_up(procs, defn, say, deadline, bind_ports=self.network.bind_ports)
         except BaseException:

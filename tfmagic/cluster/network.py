@@ -13,8 +13,8 @@ import os
 from collections.abc import Callable
 
 from ..launchers.base import Launcher, TaskHandle
+from ..network import clientserver, ports, traffic
 from ..network import shaper as netshape
-from ..network import traffic
 from ..spec import ClusterDef, ClusterShape, TaskName
 from .taskset import Emit, TaskSet
 
@@ -46,6 +46,15 @@ class ClusterNetwork:
                         f"--net names {pattern}, which this cluster will not have "
                         f"({shape.ps} ps, {shape.workers} workers)"
                     )
+        if self.models and launcher.relay_host() is None:
+            raise netshape.BadNet(
+                "a modelled network (--net) needs a relay on this machine that the tasks reach directly, "
+                f"and {launcher.name} tasks reach it through tunnels or not at all; use a local, Slurm or "
+                "Spark cluster"
+            )
+        rules = [key for key in self.models if netshape.parse_target(key)[0] not in (None, netshape.KERNEL)]
+        if rules and launcher.name != "local":
+            raise netshape.BadNet(self._no_remote_sources(rules[0], launcher.name))
         self.launcher = launcher
         self.shaper: netshape.Shaper | None = None
         #: the private port each relayed task's server binds (its cluster address is the relay's)
@@ -67,23 +76,25 @@ class ClusterNetwork:
                 return netshape.LinkModel()
         return None
 
-    def route(self, tasks: list[TaskName], procs: dict[TaskName, TaskHandle], defn: ClusterDef) -> None:
-        """Relayed tasks serve on a private port; their cluster address is the relay's."""
+    def route(self, tasks: list[TaskName], procs: dict[TaskName, TaskHandle], defn: ClusterDef) -> ClusterDef:
+        """Relayed tasks serve on a private port; their cluster address is the relay's. Returns
+        ``defn`` with those addresses: the same on this machine, where the relay takes the task's
+        port; a task on another machine (Slurm's nodes, Spark's executors) keeps its port there to
+        serve on, and its address becomes a port of the relay's here, on the address the tasks
+        reach this machine at (:meth:`~tfmagic.launchers.base.Launcher.relay_host`)."""
         shaped = [t for t in tasks if self.shaped(t) is not None]
         if not shaped:
-            return
-        if self.launcher.name != "local":  # the relay is a local process, in front of local ports
-            raise netshape.BadNet("a modelled network (--net) works on local clusters only")
-        if getattr(self.launcher, "processes", None) is not None:
-            rules = [
-                key for key in self.models if netshape.parse_target(key)[0] not in (None, netshape.KERNEL)
-            ]
-            if rules:  # the relay tells a connection's source task by its process
-                raise netshape.BadNet(
-                    f"the link rule {rules[0]!r} names its source task by the task's process, and with "
-                    'processes= tasks share processes; give the tasks cards instead ("ps:* rate=20mbit") '
-                    "or start one process per task"
-                )
+            return defn
+        here = self.launcher.relay_host() or "127.0.0.1"  # None refused at __init__
+        remote = [t for t in shaped if not clientserver.is_loopback(procs[t].host)]
+        rules = [key for key in self.models if netshape.parse_target(key)[0] not in (None, netshape.KERNEL)]
+        if rules and getattr(self.launcher, "processes", None) is not None:
+            # the relay tells a connection's source task by its process
+            raise netshape.BadNet(
+                f"the link rule {rules[0]!r} names its source task by the task's process, and with "
+                'processes= tasks share processes; give the tasks cards instead ("ps:* rate=20mbit") '
+                "or start one process per task"
+            )
         self._starting = procs
         if self.shaper is None or not self.shaper.alive:
             self.shaper = netshape.Shaper(
@@ -91,19 +102,44 @@ class ClusterNetwork:
                 owners=traffic.socket_inodes,
                 on_event=lambda said: self._emit("relay", None, said),
             )
+        jobs = defn.as_dict()
+        # who may connect to a relay port on an address other machines reach: the cluster's hosts
+        peers = sorted({_ip(procs[t].host) for t in procs} | {_ip(here)}) if remote else None
         for t in shaped:
-            port = defn.address(t).rsplit(":", 1)[1]
-            bind = self.launcher.pick_port(procs[t])
-            while str(bind) == port:
+            host, port = defn.address(t).rsplit(":", 1)
+            if t in remote:
+                self.bind_ports[t] = int(port)  # free on its machine: picked there
+                listen = ports.free_port(here)
+                jobs[t.job][t.index] = f"{here}:{listen}"
+            else:
                 bind = self.launcher.pick_port(procs[t])
-            self.bind_ports[t] = bind
-            self.shaper.route(str(t), int(port), f"{procs[t].host}:{bind}", self.shaped(t))
+                while str(bind) == port:
+                    bind = self.launcher.pick_port(procs[t])
+                self.bind_ports[t] = bind
+                listen = int(port)
+            self.shaper.route(
+                str(t),
+                listen,
+                f"{procs[t].host}:{self.bind_ports[t]}",
+                self.shaped(t),
+                host=here if t in remote else "127.0.0.1",
+                peers=peers if t in remote else None,
+            )
         for key, model in self.models.items():
             src, dst = netshape.parse_target(key)
             if src is not None:
                 for t in shaped:
                     if netshape.matches(dst, str(t)) and str(t) != src:
                         self.shaper.link(src, str(t), model)
+        return ClusterDef.from_mapping(jobs)
+
+    @staticmethod
+    def _no_remote_sources(rule: str, backend: str) -> str:
+        return (
+            f"the link rule {rule!r} names its source task, which the relay tells by the task's process on "
+            f"this machine, and {backend} tasks run in processes this machine does not see; give the tasks "
+            'cards instead ("ps:* rate=20mbit"), or links from the kernel ("kernel->ps:0 rate=20mbit")'
+        )
 
     def sources(self) -> dict[int, str]:
         """pid -> name of every process a connection to a relay can come from (the relay's Shaper asks)."""
@@ -174,6 +210,8 @@ class ClusterNetwork:
                 f"{'it' if len(unrelayed) == 1 else 'them'} cannot be shaped (relays here: {shaped}); "
                 f'which tasks have one is chosen at start: %tf_cluster start ... --net "{dst}" (a relay, no limit)'
             )
+        if src != netshape.KERNEL and self.launcher.name != "local":
+            raise netshape.BadNet(self._no_remote_sources(str(target), self.launcher.name))
         for t in tasks:
             self.shaper.link(src, str(t), model)
             self._emit(
@@ -199,6 +237,16 @@ class ClusterNetwork:
         return (
             f"network relay of {', '.join(self.shaper.models)}: pid {self.shaper.pid}, {self.shaper.state()}"
         )
+
+
+def _ip(host: str) -> str:
+    """``host`` as the address a connection from it shows (a node's name resolved)."""
+    import socket
+
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        return host
 
 
 __all__ = ["ClusterNetwork"]

@@ -118,6 +118,12 @@ class Launcher(abc.ABC):
         """Where the tasks run, for messages: ``""`` (here), ``" over ssh on a,b"``."""
         return ""
 
+    def relay_host(self) -> str | None:
+        """The address of this machine that the tasks reach directly, where a modelled network's
+        relay (:mod:`tfmagic.network.shaper`) can listen for them; None where they reach it only
+        through tunnels (SSH) or not at all (an attached cluster): no modelled network there."""
+        return None
+
     def hosts_for(self, count: int) -> list[str]:
         """Where each of ``count`` tasks goes (the host part of its address)."""
         return [self.host] * count

@@ -208,6 +208,9 @@ class LocalLauncher(PopenLauncher):
         return procs
 
     # -- answered here, faster than asking the task ---------------------------
+    def relay_host(self) -> str | None:
+        return self.host
+
     def pick_port(self, proc: TaskHandle) -> int:
         return ports.free_port(self.host)
 

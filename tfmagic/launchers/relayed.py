@@ -70,6 +70,10 @@ class RelayedLauncher(Launcher):
         """What names where this launcher's jobs go (Spark's master, Slurm's partition)."""
         return None
 
+    def relay_host(self) -> str | None:
+        """The address the tasks' relays dial back to: they reach this machine there."""
+        return self.host
+
     def running_as(self) -> str:
         """How the tasks run, for the security line ("Spark tasks (local[3])", "Slurm job(s) 12")."""
         return f"{self.name} tasks"

@@ -152,13 +152,16 @@ class Connection:
 class Route:
     """One relayed task: where its relay listens, where the task really serves, its card and links."""
 
-    def __init__(self, name: str, target: tuple[str, int], who) -> None:
+    def __init__(self, name: str, target: tuple[str, int], who, peers=None) -> None:
         self.name = name
         self.target = target
+        #: the only addresses a connection may come from (None: any); the rest are closed unread
+        self.peers = set(peers) if peers is not None else None
         self.card = Model()
         self.rules: dict[str, tuple[float | None, float]] = {}  # source pattern -> (rate, delay)
         self.links: dict[str, Model] = {}  # each source seen so far -> its link
-        self.connections: dict[str, int] = {}  # source ("unknown", "closed") -> connections accepted
+        #: source ("unknown", "closed") -> connections accepted; "refused": closed unread (``peers``)
+        self.connections: dict[str, int] = {}
         self.server: asyncio.base_events.Server | None = None
         self._who = who
 
@@ -199,6 +202,11 @@ class Route:
         conn.link = self.link_of(conn.source) if conn.source not in ("unknown", "closed") else None
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        if self.peers is not None and (not peer or peer[0] not in self.peers):
+            self.connections["refused"] = self.connections.get("refused", 0) + 1
+            writer.transport.abort()  # a stranger: nothing read, nothing passed on
+            return
         conn = Connection()
         who = asyncio.ensure_future(
             self._who(self.name, writer.get_extra_info("peername"), writer.get_extra_info("sockname"))
@@ -336,7 +344,7 @@ async def _main() -> None:
                     answer.set_result(msg.get("source"))
             elif op == "route":
                 host, _, port = msg["target"].rpartition(":")
-                route = Route(msg["name"], (host, int(port)), who)
+                route = Route(msg["name"], (host, int(port)), who, msg.get("peers"))
                 route.server = await asyncio.start_server(
                     route.serve, msg.get("host", "127.0.0.1"), int(msg["listen"])
                 )

@@ -53,8 +53,14 @@ no answer within the relay's 10 s) crosses the card only; while the answer is
 awaited its bytes wait at most 0.5 s, then cross the card only until it comes
 (see :mod:`tfmagic.network.relay`).  The relay is a Python process,
 so it passes at most a few hundred MB/s here (:data:`RELAY_LIMIT_BYTES_S`; a
-rate above that is not kept); it listens on loopback only, so local
-clusters only.
+rate above that is not kept).
+
+Where it listens: on loopback for tasks on this machine.  Tasks on other machines (Slurm's nodes,
+Spark's executors) keep serving there, and their address in the cluster becomes a port of the
+relay's on the address they reach this machine at (``Launcher.relay_host``); such a port admits
+the cluster's hosts only (``peers``) and closes other connections unread.  Their connections' sources
+are not in this machine's socket table: links from tasks are refused there, cards and the kernel's
+links hold.
 """
 
 from __future__ import annotations
@@ -118,7 +124,7 @@ class Shaper:
         #: tells this Shaper's threads from another's (the pid changes when the relay restarts)
         self.serial = next(_serials)
         #: each relayed task: (the port the relay listens on, where the task serves)
-        self.given_routes: dict[str, tuple[int, str]] = {}
+        self.given_routes: dict[str, dict] = {}
         self._closing = False
         self._spawn()
         #: each relayed task's card
@@ -189,8 +195,8 @@ class Shaper:
             owner.register(self)
             self._closing = False
             self.restarted_at = time.monotonic()
-        for name, (listen, target) in self.given_routes.items():
-            self._ask(op="route", name=name, listen=listen, target=target)
+        for name, route in self.given_routes.items():
+            self._ask(op="route", name=name, **route)
             model = self.models[name]
             self._ask(op="shape", name=name, rate=model.rate, delay=model.delay)
         for (source, name), model in self.links.items():
@@ -283,6 +289,8 @@ class Shaper:
         (a process that is neither a task nor the kernel)."""
         if self._sources is None or self._owners is None:
             return None
+        if peer[0] != local[0] and not _is_loopback(peer[0]):
+            return None  # another machine's: its sockets are not in this machine's table
         t0 = time.perf_counter()
         try:
             found = connection((peer[0], int(peer[1])), (local[0], int(local[1])))
@@ -356,10 +364,23 @@ class Shaper:
                     return reply  # (a late answer to a request that timed out is dropped)
 
     # -- routes and models -----------------------------------------------------------
-    def route(self, name: str, listen: int, target: str, model: LinkModel) -> None:
-        """Relay ``listen`` (the task's address in the cluster) to ``target`` (where it serves)."""
-        self._ask(op="route", name=name, listen=listen, target=target)
-        self.given_routes[name] = (listen, target)
+    def route(
+        self,
+        name: str,
+        listen: int,
+        target: str,
+        model: LinkModel,
+        host: str = "127.0.0.1",
+        peers: list[str] | None = None,
+    ) -> None:
+        """Relay ``host:listen`` (the task's address in the cluster) to ``target`` (where it serves).
+
+        ``peers``: the only addresses a connection may come from (a relay on an address other
+        machines reach admits the cluster's hosts and closes the rest at once); None: any, as on
+        loopback, where the bind library's owner check in the task stands behind the relay."""
+        route = {"listen": listen, "target": target, "host": host, "peers": peers}
+        self._ask(op="route", name=name, **route)
+        self.given_routes[name] = route
         self._ask(op="shape", name=name, rate=model.rate, delay=model.delay)
         self.models[name] = model
 
@@ -434,6 +455,12 @@ def _row(kind: str, src: str | None, dst: str, model: LinkModel, to_task: int, f
     return dict(
         kind=kind, src=src, dst=dst, rate=model.rate, delay=model.delay, to_task=to_task, from_task=from_task
     )
+
+
+def _is_loopback(host: str) -> bool:
+    from .clientserver import is_loopback
+
+    return is_loopback(host)
 
 
 def _env() -> dict[str, str]:
