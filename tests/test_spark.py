@@ -242,7 +242,8 @@ def spark_cluster():
         pytest.skip(_NO_PYSPARK or _NO_JAVA)
     from tfmagic import SparkCluster
 
-    cluster = SparkCluster("local[3]", ps=1, workers=2, name="spark")
+    # ps:0 behind a modelled card's relay (no limit until a test sets one)
+    cluster = SparkCluster("local[3]", ps=1, workers=2, name="spark", net="ps:0")
     t0 = time.monotonic()
     cluster.start()
     print(f"\nlocal[3], 1 ps + 2 workers, answering after {time.monotonic() - t0:.1f} s")
@@ -490,6 +491,33 @@ def test_training_engine_on_spark_tasks(spark_cluster):
     assert {r.task for r in history.records} >= {"worker:0", "worker:1"}
     history = tfmagic.train(spark_cluster, mode="sync", model="linear", steps=20, lr=0.05)
     assert history.final_loss is not None and history.final_loss == history.final_loss
+
+
+@needs_spark
+def test_a_card_paces_a_spark_ps_and_a_link_rule_from_a_task_is_refused(spark_cluster):
+    """Issue 25's modelled network on the scheduler backends: a card on a Spark task's ps paces a read
+    from it (2.5 MB at 20 mbit: at least the modelled second); a link rule from a task, whose source
+    the relay cannot tell there, is refused in one line before anything starts."""
+    import tensorflow as tf
+
+    from tfmagic import SparkCluster
+    from tfmagic.errors import BadNet
+
+    spark_cluster.connect()
+    with tf.device("/job:ps/task:0"):
+        v = tf.Variable(tf.zeros([625_000]))
+    v.read_value().numpy()
+    spark_cluster.net("ps:0", rate="20mbit")
+    try:
+        t0 = time.monotonic()
+        v.read_value().numpy()
+        took = time.monotonic() - t0
+    finally:
+        spark_cluster.net("ps:0", rate=None)
+    assert took >= 0.8, f"2.5 MB at 20 mbit took {took:.2f} s: the card was not applied"
+    with pytest.raises(BadNet, match="spark tasks run in processes this machine does not see") as err:
+        SparkCluster("local[2]", ps=1, workers=1, name="linked", net="worker:0->ps:0 rate=1mbit")
+    assert "\n" not in str(err.value)
 
 
 @needs_spark
