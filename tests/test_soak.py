@@ -23,8 +23,11 @@ from .kernelutil import Kernel, KernelAborted, record_abort
 
 pytestmark = [pytest.mark.soak, pytest.mark.kernel, pytest.mark.cluster]
 
-#: 0, and seeds that once failed (kept as regression cases)
-SEEDS = [0, 1, 2, 3]
+#: 0, and seeds that once failed (kept as regression cases). 10: a `restart ps:0 --force` just after
+#: an async run began connecting froze the kernel (TensorFlow's change of the connection waited for
+#: the killed ps holding Python's global lock, so the restart could not bring it back): 3 of 3 runs
+#: before client.steady_connection, 27 s after it
+SEEDS = [0, 1, 2, 3, 10]
 ACTIONS = 30
 
 

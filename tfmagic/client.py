@@ -113,6 +113,30 @@ class _Gate:
 
 
 gate = _Gate()
+#: Held while TensorFlow changes this process's connection (with the check of which tasks answer
+#: just before it), and by whoever ends a task (:func:`steady_connection`).
+_changing = threading.Lock()
+
+
+@contextlib.contextmanager
+def steady_connection(timeout: float = CONNECT_TIMEOUT + 5) -> Iterator[None]:
+    """End tasks inside this: no change of the connection is under way meanwhile.
+
+    TensorFlow's change of the connection waits for every task in its definition holding Python's
+    global lock, so a task ended while a change was under way froze this whole process: a
+    ``restart ps:0 --force`` just after a run began connecting killed the ps, and the restart could
+    not bring it back (no thread ran; the soak's seed 10, for 120 s and more). A change that starts
+    afterwards checks which tasks answer and leaves the dead one out. A change that does not end in
+    ``timeout`` (it waits on a task already dead) is not waited for longer.
+    """
+    held = _changing.acquire(timeout=timeout)
+    try:
+        yield
+    finally:
+        if held:
+            _changing.release()
+
+
 _connected: tuple | None = None  # (cluster id, frozen spec, client address)
 _generation = 0
 _port: int | None = None
@@ -242,16 +266,7 @@ def connect(
         # TensorFlow's default would take nearly all of a card's memory here first.
         os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
         address = client_address or f"localhost:{client_port()}"
-        jobs, left_out = _answering(defn)
-        jobs["localhost"] = {0: address}
         ctx = context.context()
-        server_def = ServerDef(
-            cluster=tf.train.ClusterSpec(jobs).as_cluster_def(),
-            job_name="localhost",
-            task_index=0,
-            protocol="grpc",
-            default_session_config=ctx.config,
-        )
         first = ctx.get_server_def() is None
         if first:
             clientserver.keep_local()
@@ -261,24 +276,26 @@ def connect(
         peers = (
             set()
             if clientserver.is_loopback(host)
-            else clientserver.peers_of(
-                [a for job, tasks in jobs.items() if job != "localhost" for a in tasks.values()]
-            )
+            else clientserver.peers_of([defn.address(t) for t in defn.tasks()])
         )
         clientserver.open_door(host, int(port), peers)  # and close the door of the cluster before
         outcome: list = []
+        left_out: list[TaskName] = []
 
         def change() -> None:
             try:
-                if first:
-                    ctx.set_server_def(server_def)
-                    # Before any op ran here, the server def is only kept: the first op would
-                    # connect, waiting for ever (the global lock held) on a task killed meanwhile
-                    # (a kill between %tf_cluster start and the first run hung it). Connect now,
-                    # while every task of it answered, on this thread with its deadline.
-                    ctx.ensure_initialized()
-                else:
-                    ctx.update_server_def(server_def)
+                with _changing:  # no task is ended from here until TensorFlow is done (steady_connection)
+                    jobs, gone = _answering(defn)
+                    left_out.extend(gone)
+                    jobs["localhost"] = {0: address}
+                    server_def = ServerDef(
+                        cluster=tf.train.ClusterSpec(jobs).as_cluster_def(),
+                        job_name="localhost",
+                        task_index=0,
+                        protocol="grpc",
+                        default_session_config=ctx.config,
+                    )
+                    _change(ctx, server_def, first)
                 outcome.append(None)
             except BaseException as exc:  # noqa: BLE001 - raised on the caller's thread
                 outcome.append(exc)
@@ -305,6 +322,19 @@ def connect(
         _omitted[:] = left_out
         _generation += 1
         return True
+
+
+def _change(ctx, server_def, first: bool) -> None:
+    """TensorFlow's change of this process's connection (it holds Python's global lock throughout)."""
+    if first:
+        ctx.set_server_def(server_def)
+        # Before any op ran here, the server def is only kept: the first op would
+        # connect, waiting for ever (the global lock held) on a task killed meanwhile
+        # (a kill between %tf_cluster start and the first run hung it). Connect now,
+        # while every task of it answered, on this thread with its deadline.
+        ctx.ensure_initialized()
+    else:
+        ctx.update_server_def(server_def)
 
 
 def _answering(defn: ClusterDef) -> tuple[dict[str, dict[int, str]], list[TaskName]]:

@@ -328,8 +328,9 @@ class Cluster:
             self.network.stop()
             self.stopped_at = time.time()
             client.forget(self.id)
-        for proc in procs.values():
-            proc.kill()
+        with client.steady_connection():
+            for proc in procs.values():
+                proc.kill()
         self.launcher.close()
         self.emit("stop", None, f"{len(procs)} tasks stopped ({reason})")
 

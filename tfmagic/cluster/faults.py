@@ -92,7 +92,8 @@ def kill(cluster: Cluster, task: str | TaskName) -> None:
         _cut_off(cluster, t, proc)
         return
     cluster.taskset.ended_on_purpose(proc)
-    proc.kill()
+    with client.steady_connection():
+        proc.kill()
     _full_speed(cluster, t)
     cluster.emit("kill", t, f"process {proc.pid} killed")
 
@@ -106,7 +107,8 @@ def _cut_off(cluster: Cluster, t: TaskName, proc) -> None:
     """
     others = inspection.companions(proc)
     try:
-        cut = proc.cut_off(timeout=5)
+        with client.steady_connection():
+            cut = proc.cut_off(timeout=5)
     except (TimeoutError, WaitTimedOut, ProcessLookupError) as exc:
         raise TaskLost(
             f"{t} did not answer the kill within 5 s ({exc}): its process {proc.pid} is stopped or hung; "
@@ -138,7 +140,8 @@ def restart(
         _refuse_without_force(t, "its state (variables, cell namespace)")
     if old.alive:
         cluster.taskset.ended_on_purpose(old)
-        old.kill()
+        with client.steady_connection():
+            old.kill()
     t0 = time.monotonic()
     deadline = t0 + (timeout or cluster.start_timeout)
     taken = cluster.pool.take(cluster.launcher, 1) if cluster.use_spares else []

@@ -378,10 +378,12 @@ def remove(cluster, task: str | TaskName, drain: bool = False, timeout: float = 
             # Out of the connection first while it answers (TensorFlow closes its context there; ended
             # first, that close fails loudly on stderr); a task that does not answer is ended first.
             if not answers:
-                proc.kill()
+                with client.steady_connection():
+                    proc.kill()
             if client.is_connected(cluster.id):
                 cluster.connect()
-            proc.kill()
+            with client.steady_connection():
+                proc.kill()
     finally:
         _departures.pop(key, None)
     cluster.emit("left", t, f"process {proc.pid} ended" + (" after its step" if drain else ""))
