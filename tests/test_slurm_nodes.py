@@ -87,7 +87,8 @@ def test_a_card_shapes_a_ps_on_another_node_and_the_relay_admits_only_the_cluste
     """Issue 25: the modelled network on Slurm. ps:0 runs on a node; its card's relay runs here, on the
     address the nodes reach this machine at, and every connection to ps:0 crosses it: a read of 2.5 MB
     from it at 20 mbit takes at least the modelled second (a card not applied would take a fraction),
-    and the card's bytes count it. The relay listens where other machines reach it, so it admits only
+    and the card's bytes count it. A link rule from the workers names each worker's connections, on
+    either node (worker:1's is on the other node: its tasks are asked). The relay listens where other machines reach it, so it admits only
     the cluster's hosts: a connection from another address is closed unread and counted."""
     import socket
 
@@ -107,6 +108,17 @@ def test_a_card_shapes_a_ps_on_another_node_and_the_relay_admits_only_the_cluste
         spread.net("ps:0", rate=None)
     assert took >= 0.8, f"2.5 MB at 20 mbit took {took:.2f} s: the card was not applied"
     assert spread.shaper.routes()["ps:0"]["out"] - before >= 2_500_000
+    # a link from a task on another node: the relay asks the tasks on that node which holds the
+    # connection (their own socket tables), so the workers' bytes cross their own links
+    spread.net("worker:*->ps:0", rate="1gbit")
+    try:
+        tfmagic.train(spread, mode="async", model="linear", steps=30)
+        links = {r["src"]: r for r in spread.net().rows if r["kind"] == "link"}
+        seen = spread.shaper.routes()["ps:0"]["links"]
+    finally:
+        spread.net("worker:*->ps:0", rate=None)
+    assert {"worker:0", "worker:1"} <= set(seen), seen
+    assert links["worker:*"]["to_task"] > 0, links
     # a stranger: this machine's loopback address is not one of the cluster's hosts
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

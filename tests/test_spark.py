@@ -494,14 +494,13 @@ def test_training_engine_on_spark_tasks(spark_cluster):
 
 
 @needs_spark
-def test_a_card_paces_a_spark_ps_and_a_link_rule_from_a_task_is_refused(spark_cluster):
+def test_a_card_paces_a_spark_ps_and_a_link_names_its_source_task(spark_cluster):
     """Issue 25's modelled network on the scheduler backends: a card on a Spark task's ps paces a read
-    from it (2.5 MB at 20 mbit: at least the modelled second); a link rule from a task, whose source
-    the relay cannot tell there, is refused in one line before anything starts."""
+    from it (2.5 MB at 20 mbit: at least the modelled second), and a link rule from a worker applies to
+    that worker's connections: the relay names their source (the worker's bytes cross its link)."""
     import tensorflow as tf
 
-    from tfmagic import SparkCluster
-    from tfmagic.errors import BadNet
+    import tfmagic
 
     spark_cluster.connect()
     with tf.device("/job:ps/task:0"):
@@ -515,9 +514,13 @@ def test_a_card_paces_a_spark_ps_and_a_link_rule_from_a_task_is_refused(spark_cl
     finally:
         spark_cluster.net("ps:0", rate=None)
     assert took >= 0.8, f"2.5 MB at 20 mbit took {took:.2f} s: the card was not applied"
-    with pytest.raises(BadNet, match="spark tasks run in processes this machine does not see") as err:
-        SparkCluster("local[2]", ps=1, workers=1, name="linked", net="worker:0->ps:0 rate=1mbit")
-    assert "\n" not in str(err.value)
+    spark_cluster.net("worker:0->ps:0", rate="1gbit")
+    try:
+        tfmagic.train(spark_cluster, mode="async", model="linear", steps=30)
+        link = next(r for r in spark_cluster.net().rows if r["kind"] == "link")
+    finally:
+        spark_cluster.net("worker:0->ps:0", rate=None)
+    assert link["src"] == "worker:0" and link["to_task"] > 0, link
 
 
 @needs_spark

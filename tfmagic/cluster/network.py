@@ -52,9 +52,6 @@ class ClusterNetwork:
                 f"and {launcher.name} tasks reach it through tunnels or not at all; use a local, Slurm or "
                 "Spark cluster"
             )
-        rules = [key for key in self.models if netshape.parse_target(key)[0] not in (None, netshape.KERNEL)]
-        if rules and launcher.name != "local":
-            raise netshape.BadNet(self._no_remote_sources(rules[0], launcher.name))
         self.launcher = launcher
         self.shaper: netshape.Shaper | None = None
         #: the private port each relayed task's server binds (its cluster address is the relay's)
@@ -101,6 +98,7 @@ class ClusterNetwork:
                 sources=self.sources,
                 owners=traffic.socket_inodes,
                 on_event=lambda said: self._emit("relay", None, said),
+                remote=self.remote_source,
             )
         jobs = defn.as_dict()
         # who may connect to a relay port on an address other machines reach: the cluster's hosts
@@ -133,13 +131,24 @@ class ClusterNetwork:
                         self.shaper.link(src, str(t), model)
         return ClusterDef.from_mapping(jobs)
 
-    @staticmethod
-    def _no_remote_sources(rule: str, backend: str) -> str:
-        return (
-            f"the link rule {rule!r} names its source task, which the relay tells by the task's process on "
-            f"this machine, and {backend} tasks run in processes this machine does not see; give the tasks "
-            'cards instead ("ps:* rate=20mbit"), or links from the kernel ("kernel->ps:0 rate=20mbit")'
-        )
+    def remote_source(self, peer: tuple[str, int]) -> str | None:
+        """Which task on another machine holds the connection that comes from ``peer``: each task on
+        that host is asked for its own sockets (the ``sockets`` op: its host's table, not this
+        one's); None when none of them holds it."""
+        from ..protocol import Op
+
+        for task, proc in list((self._taskset.procs or self._starting).items()):
+            if _ip(proc.host) != peer[0] or not getattr(proc, "alive", False):
+                continue
+            try:
+                reply = proc.request(Op.SOCKETS, timeout=3)
+            except Exception:  # noqa: BLE001 - a task that cannot answer now: the card only
+                continue
+            for s in reply.get("sockets") or []:
+                host, port = s[1][0], int(s[1][1])
+                if port == int(peer[1]) and host.removeprefix("::ffff:").strip("[]") == peer[0]:
+                    return str(task)
+        return None
 
     def sources(self) -> dict[int, str]:
         """pid -> name of every process a connection to a relay can come from (the relay's Shaper asks)."""
@@ -210,8 +219,6 @@ class ClusterNetwork:
                 f"{'it' if len(unrelayed) == 1 else 'them'} cannot be shaped (relays here: {shaped}); "
                 f'which tasks have one is chosen at start: %tf_cluster start ... --net "{dst}" (a relay, no limit)'
             )
-        if src != netshape.KERNEL and self.launcher.name != "local":
-            raise netshape.BadNet(self._no_remote_sources(str(target), self.launcher.name))
         for t in tasks:
             self.shaper.link(src, str(t), model)
             self._emit(

@@ -59,8 +59,8 @@ Where it listens: on loopback for tasks on this machine.  Tasks on other machine
 Spark's executors) keep serving there, and their address in the cluster becomes a port of the
 relay's on the address they reach this machine at (``Launcher.relay_host``); such a port admits
 the cluster's hosts only (``peers``) and closes other connections unread.  Their connections' sources
-are not in this machine's socket table: links from tasks are refused there, cards and the kernel's
-links hold.
+are not in this machine's socket table: the tasks on the connection's host are asked for their own
+sockets instead (``remote``, the ``sockets`` op), which takes a round trip to each.
 """
 
 from __future__ import annotations
@@ -108,6 +108,7 @@ class Shaper:
     ``sources()`` gives pid -> name (each task's process, and this process as ``kernel``);
     ``owners(pids)`` gives socket inode -> pid for those pids (the cluster passes
     :func:`tfmagic.network.traffic.socket_inodes`).  Without them every connection crosses the card only.
+    ``remote(peer)`` names the task on another machine that holds a connection from ``peer``.
     """
 
     def __init__(
@@ -115,6 +116,7 @@ class Shaper:
         sources: Callable[[], dict[int, str]] | None = None,
         owners: Callable[[set[int]], dict[int, int]] | None = None,
         on_event: Callable[[str], None] | None = None,
+        remote: Callable[[tuple[str, int]], str | None] | None = None,
     ) -> None:
         #: told, in a sentence, when the relay process ends on its own and what was done about it
         self.on_event = on_event
@@ -136,6 +138,7 @@ class Shaper:
         self.lookup_s = 0.0
         self._sources = sources
         self._owners = owners
+        self._remote = remote
         self._ask_lock = threading.Lock()
         self._write_lock = threading.Lock()
         self._count_lock = threading.Lock()
@@ -289,10 +292,11 @@ class Shaper:
         (a process that is neither a task nor the kernel)."""
         if self._sources is None or self._owners is None:
             return None
-        if peer[0] != local[0] and not _is_loopback(peer[0]):
-            return None  # another machine's: its sockets are not in this machine's table
         t0 = time.perf_counter()
         try:
+            if peer[0] != local[0] and not _is_loopback(peer[0]):
+                # another machine's: its sockets are not in this machine's table; its tasks say
+                return self._remote((peer[0], int(peer[1]))) if self._remote is not None else None
             found = connection((peer[0], int(peer[1])), (local[0], int(local[1])))
             if not found or not found[0]:  # no row, or a row no process holds (TIME_WAIT, FIN_WAIT: inode 0)
                 return CLOSED
