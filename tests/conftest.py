@@ -512,3 +512,48 @@ def bytes_moved(before, after, src_job: str, dst_job: str) -> int:
         for row in after
         if row["src"].startswith(src_job) and row["dst"].startswith(dst_job)
     )
+
+
+def card_read(cluster, rate: str = "20mbit", task: str = "ps:0") -> tuple[float, int]:
+    """Read 2.5 MB from ``task`` through its modelled card at ``rate`` (set for the read, lifted after):
+    (seconds the read took, bytes the card passed out of the task meanwhile). The variable is read once
+    before, so the timed read pays no placement. The cluster must have a relay for ``task``."""
+    import tensorflow as tf
+
+    cluster.connect()
+    with tf.device(f"/job:{task.split(':')[0]}/task:{task.split(':')[1]}"):
+        v = tf.Variable(tf.zeros([625_000]))  # 2.5 MB
+    v.read_value().numpy()
+    before = cluster.shaper.routes()[task]["out"]
+    cluster.net(task, rate=rate)
+    try:
+        t0 = time.monotonic()
+        v.read_value().numpy()
+        took = time.monotonic() - t0
+    finally:
+        cluster.net(task, rate=None)
+    return took, cluster.shaper.routes()[task]["out"] - before
+
+
+#: A TensorFlow client in a process of its own: a graph (6 * 7) sent to each target given as
+#: ``name=grpc://host:port`` (a bare target is its own name), with an 8 s deadline; prints JSON of
+#: what each returned or its error's type, and the process's uid. ``TFMAGIC_TEST_SITEDIRS`` (when
+#: set) adds site directories first, for a Python run as another user (tests/test_loopback.py).
+GRAPH_PROBE = """
+import json, os, site, sys
+for d in filter(None, os.environ.get("TFMAGIC_TEST_SITEDIRS", "").split(os.pathsep)):
+    site.addsitedir(d)
+import tensorflow as tf
+results = {"uid": os.getuid()}
+for arg in sys.argv[1:]:
+    name, _, target = arg.rpartition("=")
+    with tf.Graph().as_default():
+        x = tf.constant(6.0) * tf.constant(7.0)
+        config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=8000)
+        try:
+            with tf.compat.v1.Session(target, config=config) as session:
+                results[name or target] = float(session.run(x))
+        except tf.errors.OpError as exc:
+            results[name or target] = type(exc).__name__
+print(json.dumps(results))
+"""

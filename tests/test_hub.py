@@ -27,7 +27,7 @@ import pytest
 from tfmagic.errors import BadArgument
 from tfmagic.network.ports import free_port
 
-from .conftest import assert_gone, chromium_at_lane_priority, poll_for, ran_again
+from .conftest import GRAPH_PROBE, assert_gone, chromium_at_lane_priority, poll_for, ran_again
 from .hubhost import Hub, available
 from .jupyterutil import Kernel
 
@@ -209,26 +209,6 @@ def test_scopes_keep_students_apart_and_teachers_read_only(hub, students):
     assert hub.call("GET", "user/alice/tfmagic/api/class", token="not-a-token")[0] == 403
 
 
-#: Run by a student's kernel in a process of its own, as that student: a graph sent to each target
-#: (``name=grpc://host:port``), what it returned or the error's type, and the process's uid.
-PROBE = """
-import json, os, sys
-import tensorflow as tf
-results = {"uid": os.getuid()}
-for arg in sys.argv[1:]:
-    name, target = arg.split("=", 1)
-    with tf.Graph().as_default():
-        x = tf.constant(6.0) * tf.constant(7.0)
-        config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=8000)
-        try:
-            with tf.compat.v1.Session(target, config=config) as session:
-                results[name] = float(session.run(x))
-        except tf.errors.OpError as exc:
-            results[name] = type(exc).__name__
-print(json.dumps(results))
-"""
-
-
 def _targets(kernel) -> dict[str, str]:
     """Where a student's tasks and kernel serve TensorFlow, as ``grpc://`` targets."""
     said = kernel.run(
@@ -256,7 +236,7 @@ def test_a_students_graph_is_refused_by_every_task_and_the_kernel_of_another(hub
     args = [f"alice/{n}={t}" for n, t in alice.items()] + [f"bob/{n}={t}" for n, t in bob.items()]
     said = students["bob"].run(
         "import subprocess, sys\n"
-        f"_p = subprocess.run([sys.executable, '-c', {PROBE!r}, *{args!r}], capture_output=True, text=True, timeout=150)\n"
+        f"_p = subprocess.run([sys.executable, '-c', {GRAPH_PROBE!r}, *{args!r}], capture_output=True, text=True, timeout=150)\n"
         "print(_p.stdout.strip().splitlines()[-1] if _p.stdout.strip() else 'no output: ' + _p.stderr[-800:])",
         timeout=180,
     )

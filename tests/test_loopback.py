@@ -22,7 +22,7 @@ import pytest
 from tfmagic.network import bindguard
 from tfmagic.network.ports import free_port
 
-from .conftest import poll_for
+from .conftest import GRAPH_PROBE, poll_for
 
 LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1"}
 WILDCARD = {"0.0.0.0", "::"}
@@ -566,28 +566,6 @@ def test_another_users_connection_is_closed_before_grpc_reads_a_byte(servers):
     assert "another user's process" in guarded.log.read_text(errors="replace")
 
 
-EACH_CLIENT = textwrap.dedent(
-    """
-    import json, os, site, sys
-    for d in os.environ["TFMAGIC_TEST_SITEDIRS"].split(os.pathsep):
-        site.addsitedir(d)
-    import tensorflow as tf
-    results = {"uid": os.getuid()}
-    for target in sys.argv[1:]:
-        with tf.Graph().as_default():
-            with tf.device("/job:worker/task:0"):
-                x = tf.constant(6.0) * tf.constant(7.0)
-            config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=8000)
-            try:
-                with tf.compat.v1.Session(target, config=config) as session:
-                    results[target] = float(session.run(x))
-            except tf.errors.OpError as exc:
-                results[target] = type(exc).__name__
-    print(json.dumps(results))
-    """
-)
-
-
 def as_another_user(code: str, *args: str, user: str = "nobody", timeout: float = 120) -> dict:
     """Run ``code`` with this Python and its TensorFlow as another Unix user, and return the JSON
     it prints.  This Python may live where other users cannot enter (``/root``, mode 0700): a
@@ -654,7 +632,7 @@ def test_another_users_tensorflow_graph_is_refused_and_runs_on_an_unguarded_serv
 
     guarded = f"grpc://127.0.0.1:{servers['guarded'].port}"
     open_ = f"grpc://127.0.0.1:{servers['open'].port}"
-    said = as_another_user(EACH_CLIENT, guarded, open_)
+    said = as_another_user(GRAPH_PROBE, guarded, open_)
     assert said["uid"] == pwd.getpwnam("nobody").pw_uid
     assert said[open_] == 42.0, said
     assert said[guarded] in ("UnavailableError", "DeadlineExceededError"), said

@@ -27,7 +27,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import SHARED, assert_gone, poll_for, share
+from tests.conftest import SHARED, assert_gone, card_read, poll_for, share
 from tfmagic.network.ports import free_port
 
 try:
@@ -498,21 +498,9 @@ def test_a_card_paces_a_spark_ps_and_a_link_names_its_source_task(spark_cluster)
     """Issue 25's modelled network on the scheduler backends: a card on a Spark task's ps paces a read
     from it (2.5 MB at 20 mbit: at least the modelled second), and a link rule from a worker applies to
     that worker's connections: the relay names their source (the worker's bytes cross its link)."""
-    import tensorflow as tf
-
     import tfmagic
 
-    spark_cluster.connect()
-    with tf.device("/job:ps/task:0"):
-        v = tf.Variable(tf.zeros([625_000]))
-    v.read_value().numpy()
-    spark_cluster.net("ps:0", rate="20mbit")
-    try:
-        t0 = time.monotonic()
-        v.read_value().numpy()
-        took = time.monotonic() - t0
-    finally:
-        spark_cluster.net("ps:0", rate=None)
+    took, _ = card_read(spark_cluster, "20mbit")
     assert took >= 0.8, f"2.5 MB at 20 mbit took {took:.2f} s: the card was not applied"
     spark_cluster.net("worker:0->ps:0", rate="1gbit")
     try:

@@ -102,9 +102,16 @@ class ClusterNetwork:
             )
         jobs = defn.as_dict()
         # who may connect to a relay port on an address other machines reach: the cluster's hosts
-        peers = sorted({_ip(procs[t].host) for t in procs} | {_ip(here)}) if remote else None
+        peers = (
+            sorted(
+                clientserver.peers_of([defn.address(t) for t in defn.tasks()])
+                | clientserver.host_addresses(here)
+            )
+            if remote
+            else None
+        )
         for t in shaped:
-            host, port = defn.address(t).rsplit(":", 1)
+            port = defn.address(t).rsplit(":", 1)[1]
             if t in remote:
                 self.bind_ports[t] = int(port)  # free on its machine: picked there
                 listen = ports.free_port(here)
@@ -138,16 +145,15 @@ class ClusterNetwork:
         from ..protocol import Op
 
         for task, proc in list((self._taskset.procs or self._starting).items()):
-            if _ip(proc.host) != peer[0] or not getattr(proc, "alive", False):
+            if peer[0] not in clientserver.host_addresses(proc.host) or not getattr(proc, "alive", False):
                 continue
             try:
                 reply = proc.request(Op.SOCKETS, timeout=3)
             except Exception:  # noqa: BLE001 - a task that cannot answer now: the card only
                 continue
-            for s in reply.get("sockets") or []:
-                host, port = s[1][0], int(s[1][1])
-                if port == int(peer[1]) and host.removeprefix("::ffff:").strip("[]") == peer[0]:
-                    return str(task)
+            # each socket as (pid, local, peer, sent, received); addresses as parse_ss writes them (plain)
+            if any(tuple(s[1]) == tuple(peer) for s in reply.get("sockets") or []):
+                return str(task)
         return None
 
     def sources(self) -> dict[int, str]:
@@ -244,16 +250,6 @@ class ClusterNetwork:
         return (
             f"network relay of {', '.join(self.shaper.models)}: pid {self.shaper.pid}, {self.shaper.state()}"
         )
-
-
-def _ip(host: str) -> str:
-    """``host`` as the address a connection from it shows (a node's name resolved)."""
-    import socket
-
-    try:
-        return socket.gethostbyname(host)
-    except OSError:
-        return host
 
 
 __all__ = ["ClusterNetwork"]

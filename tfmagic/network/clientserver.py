@@ -257,10 +257,14 @@ def peers_of(addresses: list[str]) -> set[str]:
     """The IPv4 addresses of the hosts in ``host:port`` task addresses."""
     found: set[str] = set()
     for address in addresses:
-        host = address.rsplit(":", 1)[0].strip("[]")
-        try:
-            infos = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)
-        except OSError:
-            continue
-        found.update(info[4][0] for info in infos)
+        found |= host_addresses(address.rsplit(":", 1)[0])
     return found
+
+
+def host_addresses(host: str) -> set[str]:
+    """The IPv4 addresses a connection from ``host`` (a name or an address) can show; none if unknown."""
+    try:
+        infos = socket.getaddrinfo(host.strip("[]"), None, socket.AF_INET, socket.SOCK_STREAM)
+    except OSError:
+        return set()
+    return {info[4][0] for info in infos}
