@@ -173,7 +173,7 @@ WAIT_FOR_A_SPARE = (
 
 
 def test_unload_stops_everything():
-    """Tasks and warm spares end with %unload_ext."""
+    """Tasks and warm spares end with %unload_ext; the magics go with them and come back with a load."""
     k = Kernel(env={"TFMAGIC_SPARES": "1", "TFMAGIC_SPARE_BUDGET": "2GB"})
     try:
         k.ok("%load_ext tfmagic\n%tf_cluster start --ps 0 --workers 1", timeout=180)
@@ -182,6 +182,10 @@ def test_unload_stops_everything():
         assert len(pids) >= 2, "a task and at least one spare"
         k.ok("%unload_ext tfmagic")
         assert_gone(pids, timeout=10)
+        for magic in ("%tf_cluster status", "%%tf_px\nx = 1", "%tf_train async", "%tf_experiment"):
+            assert "not found" in usage_error(k.run(magic)), magic
+        k.ok("%load_ext tfmagic")
+        assert "No cluster is running" in k.ok("%tf_cluster status").text
     finally:
         k.shutdown()
 

@@ -29,12 +29,13 @@ from .training import TrainingMagics
 __all__ = ["CellMagics", "ClusterMagics", "ExperimentMagics", "TrainingMagics", "load", "unload"]
 
 _filter = None
+_FAMILIES = (ClusterMagics, TrainingMagics, CellMagics, ExperimentMagics)
 
 
 def load(ipython) -> None:
     """Register the magics and keep TensorFlow's C++ log lines out of the notebook."""
     global _filter
-    for magics in (ClusterMagics, TrainingMagics, CellMagics, ExperimentMagics):
+    for magics in _FAMILIES:
         ipython.register_magics(magics)
     default_pool().reopen()
     if os.environ.get("TFMAGIC_SHOW_TF_LOGS", "") not in ("1", "true", "yes"):
@@ -53,9 +54,14 @@ def load(ipython) -> None:
 
 
 def unload(ipython) -> None:
-    """Stop the cluster and every spare this kernel started; restore stderr."""
+    """Stop the cluster and every spare this kernel started; restore stderr; take the magics away.
+
+    IPython keeps an unloaded extension's magics unless it removes them: ``%tf_cluster start``
+    after ``%unload_ext`` would start a cluster with TensorFlow's native logs in the notebook and
+    nothing to end it at the next unload. Now it says the magic is not found, as before the load."""
     global _filter
     killed = session.default().close()
+    _unregister(ipython)
     if _filter is not None:
         from .. import logfilter
 
@@ -63,3 +69,18 @@ def unload(ipython) -> None:
         _filter = None
     if killed:
         print(f"tfmagic: stopped {killed} process{'es' if killed != 1 else ''}.")
+
+
+def _unregister(ipython) -> None:
+    """Remove the magics :func:`load` registered (IPython has no public call for it)."""
+    manager = ipython.magics_manager
+    for family in _FAMILIES:
+        instance = manager.registry.get(family.__name__)
+        if not isinstance(instance, family):
+            continue
+        del manager.registry[family.__name__]
+        for kind, names in instance.magics.items():
+            table = manager.magics.get(kind, {})
+            for name in names:
+                if getattr(table.get(name), "__self__", None) is instance:
+                    del table[name]
