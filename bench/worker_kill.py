@@ -6,7 +6,8 @@
 Each cycle is item 11's scenario: a 600-update run on 1 ps + 3 workers, ``worker:1`` killed once the
 run has made 50 updates (about 1.5 s in), the run waited for, the worker restarted. ``--kill-at
 random`` kills it at another moment each cycle (seeded, ``--seed``): from before the run's first
-connection (0 s after ``train`` returns) to about 3 s in, to meet the races of other moments. The cycles run in
+connection (0 s after ``train`` returns) to ``--within`` seconds in (3), to meet the races of other
+moments. The cycles run in
 a child process, as a kernel would: a child that dies (TensorFlow's abort, "Remote address looked up
 from remote data found to be poisoned" then "Mutex corrupt", was seen once in 7 such runs in
 2026-11) is counted, its last lines printed, and a new child goes on with the cycles left. It prints
@@ -25,7 +26,7 @@ import sys
 import time
 
 
-def child(cycles: int, mode: str, kill_at: str, seed: int) -> None:
+def child(cycles: int, mode: str, kill_at: str, seed: int, within: float) -> None:
     import random
 
     import tfmagic
@@ -37,7 +38,7 @@ def child(cycles: int, mode: str, kill_at: str, seed: int) -> None:
             run = tfmagic.train(cluster, mode, steps=600, block=False)
             t0 = time.monotonic()
             if kill_at == "random":
-                time.sleep(rng.uniform(0, 3))
+                time.sleep(rng.uniform(0, within))
             else:
                 while run.history.steps < int(kill_at) and run.running and time.monotonic() - t0 < 60:
                     time.sleep(0.01)
@@ -64,19 +65,20 @@ def main() -> None:
     parser.add_argument("--mode", default="async", choices=["async", "sync"])
     parser.add_argument("--kill-at", default="50", help="an update count, or random")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--within", type=float, default=3.0, help="--kill-at random: the latest moment, s")
     parser.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.kill_at != "random" and not args.kill_at.isdigit():
         parser.error("--kill-at takes an update count (50) or random")
     if args.child:
-        child(args.child, args.mode, args.kill_at, args.seed)
+        child(args.child, args.mode, args.kill_at, args.seed, args.within)
         return
     done, deaths, slow, failed = 0, 0, 0, 0
     while done < args.cycles:
         proc = subprocess.Popen(
             [
                 *(sys.executable, "-u", __file__, "--child", str(args.cycles - done), "--mode", args.mode),
-                *("--kill-at", args.kill_at, "--seed", str(args.seed + done)),
+                *("--kill-at", args.kill_at, "--seed", str(args.seed + done), "--within", str(args.within)),
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
