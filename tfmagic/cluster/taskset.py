@@ -335,7 +335,8 @@ class TaskSet:
         """The one-line error of a task that did not come up: what happened, the fix, its log."""
         tail = proc.log_tail(15)
         msg = f"{task} (pid {proc.task_pid}) {what}. The tasks started so far were stopped."
-        hint = self.launcher.diagnose(proc, tail)
+        # what the task said is read too: a relayed task's log can reach this machine after its message
+        hint = self.launcher.diagnose(proc, f"{tail}\n{what}")
         if hint:
             msg += f" To fix: {hint}."
         if timed_out:
