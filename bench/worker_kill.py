@@ -76,10 +76,8 @@ def main() -> None:
     done, deaths, slow, failed = 0, 0, 0, 0
     while done < args.cycles:
         proc = subprocess.Popen(
-            [
-                *(sys.executable, "-u", __file__, "--child", str(args.cycles - done), "--mode", args.mode),
-                *("--kill-at", args.kill_at, "--seed", str(args.seed + done), "--within", str(args.within)),
-            ],
+            [sys.executable, "-u", __file__, "--child", str(args.cycles - done), "--mode", args.mode]
+            + ["--kill-at", args.kill_at, "--seed", str(args.seed + done), "--within", str(args.within)],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
