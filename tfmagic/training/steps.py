@@ -231,7 +231,8 @@ def place_worker(
         )
         pending = (
             (
-                [tf.Variable(tf.zeros_like(v), trainable=False) for v in params.variables],
+                # zeros of the parameters' shape made here: zeros_like would read each one from its ps
+                [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False) for v in params.variables],
                 tf.Variable(tf.zeros([6], tf.float64)),
             )
             if kind == "paced"
@@ -246,14 +247,27 @@ def place_worker(
         w.fn_first, w.fn, w.fn_last = (
             kept(f) for f in paced_steps(model, params, take, state, counter, ring, limit, pending)
         )
-        # Traced now, while every task answers: tracing registers a function on every task of the
-        # cluster, holding the GIL, and `last` was first traced when a worker's last step ended, mid-run;
-        # with a task stopped (SIGSTOP, a frozen machine) that froze this whole process (the fault soak)
-        with client.gate.call(who), tf.device(w.task.device):
-            for fn in (w.fn_first, w.fn, w.fn_last):
-                fn.get_concrete_function()
+    if kind in ("async", "paced"):
+        _trace_on_stream(w, who, [w.fn] if kind == "async" else [w.fn_first, w.fn, w.fn_last])
     w.rebuild = False
     w.errors = 0
+
+
+def _trace_on_stream(w: Worker, who, fns) -> None:
+    """Trace a worker's step functions now, each sent to every task on TensorFlow's stream.
+
+    Tracing registers a function on every task of the cluster, holding the GIL. Now, while every task
+    answers: `last` was first traced when a worker's last step ended, mid-run, and with a task
+    stopped (SIGSTOP, a frozen machine) that froze this whole process (the fault soak). On the
+    stream: on a unary executor (the async engine's and the setup's) TensorFlow waits for each task's
+    answer in turn, 34 tasks x 3 functions x 32 workers of round trips, and through a modelled ps
+    card (ps-scaling) 19 s of a run's setup; on the stream it sends the function and goes on.
+    """
+    import tensorflow as tf
+
+    with own_executor(), client.gate.call(who), tf.device(w.task.device):
+        for fn in fns:
+            fn.get_concrete_function()
 
 
 def _read(variables):
