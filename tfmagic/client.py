@@ -28,6 +28,8 @@ _lock = threading.RLock()
 
 #: Seconds a change of the connection waits for remote calls in flight, and for TensorFlow.
 CONNECT_TIMEOUT = 10.0
+#: Seconds a new connection waits for an earlier change still under way before it says so.
+PENDING_GRACE = 5.0
 
 
 class _Gate:
@@ -248,6 +250,10 @@ def connect(
     with _lock:
         if _connected == key and not force:
             return False
+        if _pending is not None:
+            # a change left waiting on a dead task ends once that task answers again (a restart): about
+            # a second after it, measured; a new connection right after the restart waits that out
+            _pending.join(PENDING_GRACE)
         if _pending is not None and _pending.is_alive():
             raise ClientBusy(
                 "an earlier connection to a cluster is still waiting for a task that does not answer; "
@@ -288,14 +294,19 @@ def connect(
                     jobs, gone = _answering(defn)
                     left_out.extend(gone)
                     jobs["localhost"] = {0: address}
-                    server_def = ServerDef(
-                        cluster=tf.train.ClusterSpec(jobs).as_cluster_def(),
-                        job_name="localhost",
-                        task_index=0,
-                        protocol="grpc",
-                        default_session_config=ctx.config,
-                    )
-                    _change(ctx, server_def, first)
+
+                    def server_def(jobs):
+                        return ServerDef(
+                            cluster=tf.train.ClusterSpec(jobs).as_cluster_def(),
+                            job_name="localhost",
+                            task_index=0,
+                            protocol="grpc",
+                            default_session_config=ctx.config,
+                        )
+
+                    if first:  # this process alone first: nothing to wait for (see _change)
+                        _change(ctx, server_def({"localhost": jobs["localhost"]}), first=True)
+                    _change(ctx, server_def(jobs), first=False)
                 outcome.append(None)
             except BaseException as exc:  # noqa: BLE001 - raised on the caller's thread
                 outcome.append(exc)
@@ -325,7 +336,14 @@ def connect(
 
 
 def _change(ctx, server_def, first: bool) -> None:
-    """TensorFlow's change of this process's connection (it holds Python's global lock throughout)."""
+    """TensorFlow's change of this process's connection.
+
+    The first is a definition of this process alone, then the cluster comes by an update: TensorFlow's
+    Python binding of its first change (``TFE_ContextSetServerDef``) holds the global lock while it
+    waits for every task, so a task that died between :func:`_answering`'s check and that change froze
+    the whole process for ever, the deadline's thread included (reproduced: 3 of 3, ps or worker);
+    its update (``TFE_ContextUpdateServerDef``) releases the lock, and the deadline holds.
+    """
     if first:
         ctx.set_server_def(server_def)
         # Before any op ran here, the server def is only kept: the first op would
