@@ -294,19 +294,14 @@ def connect(
                     jobs, gone = _answering(defn)
                     left_out.extend(gone)
                     jobs["localhost"] = {0: address}
-
-                    def server_def(jobs):
-                        return ServerDef(
-                            cluster=tf.train.ClusterSpec(jobs).as_cluster_def(),
-                            job_name="localhost",
-                            task_index=0,
-                            protocol="grpc",
-                            default_session_config=ctx.config,
-                        )
-
-                    if first:  # this process alone first: nothing to wait for (see _change)
-                        _change(ctx, server_def({"localhost": jobs["localhost"]}), first=True)
-                    _change(ctx, server_def(jobs), first=False)
+                    server_def = ServerDef(
+                        cluster=tf.train.ClusterSpec(jobs).as_cluster_def(),
+                        job_name="localhost",
+                        task_index=0,
+                        protocol="grpc",
+                        default_session_config=ctx.config,
+                    )
+                    _change(ctx, server_def, first)
                 outcome.append(None)
             except BaseException as exc:  # noqa: BLE001 - raised on the caller's thread
                 outcome.append(exc)
@@ -336,23 +331,26 @@ def connect(
 
 
 def _change(ctx, server_def, first: bool) -> None:
-    """TensorFlow's change of this process's connection.
+    """TensorFlow's change of this process's connection to ``server_def``.
 
-    The first is a definition of this process alone, then the cluster comes by an update: TensorFlow's
+    The first is to a definition of this process alone, then the cluster comes by an update: TensorFlow's
     Python binding of its first change (``TFE_ContextSetServerDef``) holds the global lock while it
     waits for every task, so a task that died between :func:`_answering`'s check and that change froze
     the whole process for ever, the deadline's thread included (reproduced: 3 of 3, ps or worker);
     its update (``TFE_ContextUpdateServerDef``) releases the lock, and the deadline holds.
     """
     if first:
-        ctx.set_server_def(server_def)
+        alone = type(server_def)()
+        alone.CopyFrom(server_def)
+        del alone.cluster.job[:]
+        alone.cluster.job.extend(j for j in server_def.cluster.job if j.name == server_def.job_name)
+        ctx.set_server_def(alone)
         # Before any op ran here, the server def is only kept: the first op would
         # connect, waiting for ever (the global lock held) on a task killed meanwhile
         # (a kill between %tf_cluster start and the first run hung it). Connect now,
-        # while every task of it answered, on this thread with its deadline.
+        # on this thread with its deadline.
         ctx.ensure_initialized()
-    else:
-        ctx.update_server_def(server_def)
+    ctx.update_server_def(server_def)
 
 
 def _answering(defn: ClusterDef) -> tuple[dict[str, dict[int, str]], list[TaskName]]:
