@@ -117,8 +117,8 @@ def cooperation(run):
 run = tfmagic.train(cluster, mode="async", model="digits", steps=100_000, block=False)
 time.sleep(4)
 before = cooperation(run)
-killed_at = time.time()
 # %tf_cluster kill worker:1
+killed_at = time.time()  # the kill has returned: worker:1's process is gone
 time.sleep(4)
 after = cooperation(run)
 print(f"{'':9s} {'steps':>14s} {'sent to ps':>20s} {'received from ps':>22s}")

@@ -139,8 +139,9 @@ lesson.expect(
 run = tfmagic.train(cluster, mode="async", steps=120, block=False)
 while run.running and run.history.steps < 40:
     time.sleep(0.1)
-killed_at, at_update = time.time(), run.history.steps
+at_update = run.history.steps
 cluster.kill("worker:3")
+killed_at = time.time()  # the kill has returned: worker:3 is gone
 history = run.wait()
 late = [r for r in history.by_task().get("worker:3", []) if r.start > killed_at]
 print(
