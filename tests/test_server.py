@@ -229,9 +229,16 @@ def test_the_dashboard_page_is_live_while_the_kernel_trains(server, trained, pag
     kernel, _ = trained
     page.goto(f"{server.url}tfmagic/")
     page.locator("#tfmagic-clusters a").first.click()
-    page.wait_for_function(
-        "Number(document.getElementById('tfmagic-frame').dataset.frame) > 0", timeout=20_000
-    )
+    first_frame = "Number(document.getElementById('tfmagic-frame').dataset.frame) > 0"
+    try:
+        page.wait_for_function(first_frame, timeout=20_000)
+    except Exception as exc:  # playwright's TimeoutError
+        # A starved machine (this lane runs at niceness 19, the kernel's paced run beside a lesson):
+        # its first drawing may take longer, as its later frames may (below); a minute more, then fail.
+        load = load_per_core()
+        if load < 2:
+            raise AssertionError(f"no frame in 20 s at a load of {load:.1f} per core") from exc
+        page.wait_for_function(first_frame, timeout=60_000)
     img = page.locator("#tfmagic-frame")
 
     def shot():
